@@ -1,0 +1,180 @@
+"""The assembled speculative decoder, and the autoregressive baseline it must match.
+
+One iteration of `speculative_generate`:
+
+1. draft K tokens with the small model, keeping their distributions q (chapter 2);
+2. score prefix + drafts with one pass of the large model: p, shape (K + 1, V) (chapter 3);
+3. accept a prefix of the drafts and emit one correction or bonus token (chapter 4);
+4. roll both models' KV caches back to the tokens actually kept (chapter 5).
+
+Invariant: the emitted sequence is distributed exactly as `autoregressive_generate`
+with the target model and the same `SamplingConfig`; with temperature 0 it is the
+target's greedy output token for token. The loop never emits more than
+`max_new_tokens` tokens (K shrinks near the end) and stops right after an EOS,
+even one accepted in the middle of a block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from .drafting import draft_tokens
+from .kv_cache import make_logits_source
+from .rejection import accept_reject
+from .sampling import SamplingConfig, logits_to_probs, sample
+from .schedules import DraftLengthSchedule, as_schedule
+from .validation import check_generation_args, eos_set
+from .verification import target_distributions
+
+
+@dataclass
+class GenerationStats:
+    """Counters of one generation call."""
+
+    new_tokens: int = 0  # tokens emitted after the prompt
+    iterations: int = 0  # draft-verify rounds (decoding steps for the baseline)
+    drafted_tokens: int = 0  # tokens proposed by the draft model
+    accepted_tokens: int = 0  # drafted tokens the target accepted
+    target_calls: int = 0  # forward passes of the target model
+    draft_calls: int = 0  # forward passes of the draft model
+
+    @property
+    def acceptance_rate(self) -> float:
+        """alpha: accepted drafts / drafted tokens (nan when nothing was drafted)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else float("nan")
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        """Block efficiency: new tokens per target forward pass."""
+        return self.new_tokens / self.target_calls if self.target_calls else float("nan")
+
+
+@dataclass
+class IterationRecord:
+    """What one iteration drafted and what it emitted."""
+
+    drafted: list[int]  # the K draft tokens
+    emitted: list[int]  # accepted drafts + one correction or bonus token (cut after EOS)
+    num_accepted: int  # how many drafts the target accepted
+
+
+@dataclass
+class GenerationOutput:
+    """The result of a generation call."""
+
+    sequences: torch.Tensor  # (1, prompt + new) token ids
+    stats: GenerationStats
+    trace: list[IterationRecord] = field(default_factory=list)
+
+
+def _cut_after_eos(tokens: list[int], eos: set[int]) -> tuple[list[int], bool]:
+    """Keep tokens up to and including the first EOS; say whether one was found."""
+    for i, token in enumerate(tokens):
+        if token in eos:
+            return tokens[: i + 1], True
+    return tokens, False
+
+
+@torch.no_grad()
+def speculative_generate(
+    target_model: PreTrainedModel,
+    draft_model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    num_draft_tokens: int | DraftLengthSchedule = 4,
+    sampling: SamplingConfig = SamplingConfig(),
+    generator: torch.Generator | None = None,
+    eos_token_id: int | list[int] | None = None,
+    use_cache: bool = True,
+) -> GenerationOutput:
+    """Generate with a draft model proposing and the target model verifying.
+
+    Args:
+        target_model: the large model whose distribution the output follows.
+        draft_model: the small model; must share the target's vocabulary and device.
+        input_ids: the prompt, shape (1, n) with n >= 1.
+        max_new_tokens: the most tokens to add (exactly this many unless EOS comes first).
+        num_draft_tokens: K per iteration, or a schedule that adapts K (`schedules`).
+        sampling: temperature / top-k / top-p for both models; temperature 0 is greedy.
+        generator: the only source of randomness.
+        eos_token_id: stop right after any of these tokens (None: never stop early).
+        use_cache: keep a KV cache in both models (False: the teaching path that
+            recomputes every pass from scratch).
+
+    Returns:
+        A `GenerationOutput` with `.sequences` (1, n + new), `.stats` and `.trace`.
+
+    Raises:
+        ValueError / TypeError: for any malformed argument (see `validation`).
+    """
+    check_generation_args(
+        {"target_model": target_model, "draft_model": draft_model},
+        input_ids, max_new_tokens, sampling, generator, num_draft_tokens,
+    )
+    schedule = as_schedule(num_draft_tokens)
+    eos = eos_set(eos_token_id)
+    target = make_logits_source(target_model, use_cache)
+    draft = make_logits_source(draft_model, use_cache)
+    sequence, stats, trace = input_ids, GenerationStats(), []
+    while stats.new_tokens < max_new_tokens:
+        # Never draft past the budget: K drafts can emit up to K + 1 tokens.
+        k = min(schedule.next_k(), max_new_tokens - stats.new_tokens - 1)
+        proposal = draft_tokens(draft, sequence, k, sampling, generator)
+        p = target_distributions(target, sequence, proposal.tokens, sampling)  # (K + 1, V)
+        emitted = accept_reject(proposal.tokens, proposal.probs, p, generator, greedy=sampling.greedy)
+        num_accepted = len(emitted) - 1
+        schedule.update(k, num_accepted)
+        emitted, hit_eos = _cut_after_eos(emitted, eos)
+        # Both caches keep only the prefix and the accepted drafts; the correction or
+        # bonus token is new to both and is fed at the start of the next iteration.
+        kept = sequence.size(1) + num_accepted
+        target.rollback(kept)
+        draft.rollback(kept)
+        new = torch.tensor([emitted], dtype=sequence.dtype, device=sequence.device)
+        sequence = torch.cat([sequence, new], dim=1)  # (1, n + emitted)
+        stats.iterations += 1
+        stats.drafted_tokens += k
+        stats.accepted_tokens += num_accepted
+        stats.new_tokens += len(emitted)
+        trace.append(IterationRecord(proposal.tokens.tolist(), emitted, num_accepted))
+        if hit_eos:
+            break
+    stats.target_calls, stats.draft_calls = target.forward_calls, draft.forward_calls
+    return GenerationOutput(sequence, stats, trace)
+
+
+@torch.no_grad()
+def autoregressive_generate(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    generator: torch.Generator | None = None,
+    eos_token_id: int | list[int] | None = None,
+    use_cache: bool = True,
+) -> GenerationOutput:
+    """The baseline: one forward pass of `model` per new token.
+
+    Same arguments and output as `speculative_generate`, without the draft model.
+    Its output distribution is the one speculative decoding must reproduce.
+    """
+    check_generation_args({"model": model}, input_ids, max_new_tokens, sampling, generator)
+    eos = eos_set(eos_token_id)
+    source = make_logits_source(model, use_cache)
+    sequence, stats = input_ids, GenerationStats()
+    for _ in range(max_new_tokens):
+        probs = logits_to_probs(source.last_logits(sequence, 1), sampling)  # (1, V)
+        token = probs.argmax(-1) if sampling.greedy else sample(probs, generator)  # (1,)
+        sequence = torch.cat([sequence, token.view(1, 1).to(sequence)], dim=1)  # (1, n + 1)
+        stats.iterations += 1
+        stats.new_tokens += 1
+        if int(token) in eos:
+            break
+    stats.target_calls = source.forward_calls
+    return GenerationOutput(sequence, stats)
+

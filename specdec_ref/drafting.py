@@ -1,0 +1,75 @@
+"""Drafting: the small model guesses K tokens, one at a time (chapter 2).
+
+The draft model runs autoregressively: it looks at the sequence so far, turns its
+logits into the distribution it actually samples from (`logits_to_probs`), draws a
+token, appends it, and repeats K times.
+
+What it returns matters as much as the tokens: the *full* processed distribution
+q_i(.) at every step, shape (K, V). The rejection step needs q_i(x) for the drafted
+token x (to accept with probability min(1, p_i(x) / q_i(x))) *and* q_i(.) over the
+whole vocabulary (to form the residual max(0, p_i - q_i) after a rejection). Keeping
+only the scalar q_i(x), as the source article does, makes the residual impossible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from .kv_cache import FullForward, LogitsSource
+from .sampling import SamplingConfig, logits_to_probs, sample
+
+
+@dataclass
+class Draft:
+    """K drafted tokens and the distributions they were drawn from."""
+
+    # The drafted token ids, shape (K,).
+    tokens: torch.Tensor
+    # q: the processed draft distribution at each drafted position, shape (K, V).
+    probs: torch.Tensor
+
+
+def as_logits_source(model: PreTrainedModel | LogitsSource) -> LogitsSource:
+    """Wrap a bare model in a cache-free `FullForward`; pass a source through."""
+    return model if hasattr(model, "last_logits") else FullForward(model)
+
+
+@torch.no_grad()
+def draft_tokens(
+    draft_model: PreTrainedModel | LogitsSource,
+    input_ids: torch.Tensor,
+    num_draft_tokens: int,
+    sampling: SamplingConfig,
+    generator: torch.Generator | None = None,
+) -> Draft:
+    """Let the draft model propose `num_draft_tokens` tokens after `input_ids`.
+
+    Args:
+        draft_model: the small model, or a `LogitsSource` wrapping it (with a cache).
+        input_ids: the sequence so far, shape (1, n).
+        num_draft_tokens: K, how many tokens to propose (0 proposes nothing).
+        sampling: temperature / top-k / top-p, the same as the target uses.
+        generator: the only source of randomness.
+
+    Returns:
+        A `Draft` with tokens (K,) and their full distributions q (K, V).
+    """
+    source = as_logits_source(draft_model)
+    sequence = input_ids
+    tokens, probs = [], []
+    for _ in range(num_draft_tokens):
+        # One draft forward pass: logits at the last position only.
+        logits = source.last_logits(sequence, 1)  # (1, V)
+        q = logits_to_probs(logits, sampling)  # (1, V)
+        token = q.argmax(-1) if sampling.greedy else sample(q, generator).to(q.device)  # (1,)
+        tokens.append(token)
+        probs.append(q)
+        sequence = torch.cat([sequence, token[None].to(sequence.device)], dim=1)  # (1, n + i + 1)
+    if not tokens:
+        vocab = source.model.get_output_embeddings().weight.size(0)
+        return Draft(torch.empty(0, dtype=torch.long, device=input_ids.device),
+                     torch.empty(0, vocab, device=input_ids.device))
+    return Draft(torch.cat(tokens).to(input_ids.device), torch.cat(probs))  # (K,), (K, V)

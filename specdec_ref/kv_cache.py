@@ -1,0 +1,117 @@
+"""Forward passes with and without a KV cache, and exact cache rollback.
+
+Speculative decoding runs two models over one growing sequence. Every step asks a
+model for "the logits of the last m positions of this sequence". Two ways to answer:
+
+* `FullForward` (the teaching path of chapters 2 and 3) re-reads the whole sequence
+  every time. Simple, obviously correct, and slow: O(n) work per token.
+* `CachedForward` (chapter 5) keeps a `transformers` `DynamicCache` and feeds only
+  the tokens the model has not seen yet. When drafts are rejected, the cache holds
+  keys and values of tokens that are no longer in the sequence, so `rollback(n)`
+  crops it back to the first n tokens.
+
+Invariant: after `rollback(n)`, the logits a `CachedForward` returns for any
+continuation equal (up to float rounding) those of a fresh pass over the sequence.
+The draft is fed exactly the tokens it has not seen: the correction after a
+rejection, or the last draft plus the bonus token after a fully accepted block.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Protocol
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+
+class LogitsSource(Protocol):
+    """Anything that answers 'logits of the last m positions of this sequence'."""
+
+    model: PreTrainedModel
+    forward_calls: int
+
+    def last_logits(self, sequence: torch.Tensor, num_positions: int) -> torch.Tensor: ...
+
+    def rollback(self, length: int) -> None: ...
+
+
+def _accepts_keyword(model: PreTrainedModel, name: str) -> bool:
+    """Whether the model's forward takes `name` as a named parameter."""
+    return name in inspect.signature(model.forward).parameters
+
+
+class FullForward:
+    """No cache: every call runs the model over the whole sequence."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model
+        self.forward_calls = 0
+        self._logits_to_keep = _accepts_keyword(model, "logits_to_keep")
+
+    @torch.no_grad()
+    def last_logits(self, sequence: torch.Tensor, num_positions: int) -> torch.Tensor:
+        """Logits at the last `num_positions` positions of `sequence` (1, n) -> (m, V)."""
+        kwargs = {"logits_to_keep": num_positions} if self._logits_to_keep else {}
+        self.forward_calls += 1
+        logits = self.model(sequence, use_cache=False, **kwargs).logits  # (1, n or m, V)
+        return logits[0, -num_positions:]
+
+    def rollback(self, length: int) -> None:
+        """Nothing to undo: the next call re-reads the sequence it is given."""
+
+
+class CachedForward:
+    """A model with a `DynamicCache` that only ever reads tokens it has not seen."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model
+        self.forward_calls = 0
+        self.cache = DynamicCache(config=model.config)
+        # transformers >= 5.24 names the argument `cache`; older releases `past_key_values`.
+        self._cache_kwarg = "cache" if _accepts_keyword(model, "cache") else "past_key_values"
+        self._logits_to_keep = _accepts_keyword(model, "logits_to_keep")
+
+    @property
+    def cached_length(self) -> int:
+        """How many tokens of the sequence the cache holds keys and values for."""
+        return self.cache.get_seq_length()
+
+    @torch.no_grad()
+    def last_logits(self, sequence: torch.Tensor, num_positions: int) -> torch.Tensor:
+        """Logits at the last `num_positions` positions of `sequence` (1, n) -> (m, V).
+
+        Feeds only sequence[:, cached_length:]; those unseen tokens must include the
+        last `num_positions` positions (roll back first if they do not).
+        """
+        seen = self.cached_length
+        unseen = sequence[:, seen:]  # (1, n - seen)
+        if unseen.size(1) < num_positions:
+            raise ValueError(
+                f"num_positions={num_positions} but only {unseen.size(1)} tokens are unseen "
+                f"(cache holds {seen} of {sequence.size(1)}); call rollback() first"
+            )
+        # Positions continue from the cache, so the new tokens attend to all that came before.
+        position_ids = torch.arange(seen, sequence.size(1), device=sequence.device)[None]
+        kwargs = {self._cache_kwarg: self.cache, "use_cache": True, "position_ids": position_ids}
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = num_positions
+        self.forward_calls += 1
+        logits = self.model(unseen, **kwargs).logits  # (1, n - seen or m, V)
+        return logits[0, -num_positions:]
+
+    def rollback(self, length: int) -> None:
+        """Forget every cached token after the first `length` ones.
+
+        `crop(-k)` removes the last k tokens in every supported transformers release
+        (a positive argument raises in recent ones, and crop(0) empties the cache in
+        older ones, hence the guard).
+        """
+        excess = self.cached_length - length
+        if excess > 0:
+            self.cache.crop(-excess)
+
+
+def make_logits_source(model: PreTrainedModel, use_cache: bool) -> LogitsSource:
+    """`CachedForward` when `use_cache`, else `FullForward`."""
+    return CachedForward(model) if use_cache else FullForward(model)

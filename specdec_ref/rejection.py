@@ -1,0 +1,195 @@
+"""Accept or reject the drafts so that the output is distributed exactly as p (chapter 4).
+
+For draft slot i, the draft sampled x ~ q_i and the target says p_i. The rule of
+Leviathan et al. (2023) and Chen et al. (2023):
+
+1. accept x with probability min(1, p_i(x) / q_i(x));
+2. at the first rejection, sample a correction from the residual
+   r_i = max(0, p_i - q_i) / sum(max(0, p_i - q_i)) and stop;
+3. if all K drafts are accepted, sample a bonus token from p_K.
+
+Invariant: each emitted token is distributed exactly as the target's p at its
+position, because P(emit y) = min(p(y), q(y)) + (1 - beta) r(y) = p(y), with
+beta = sum_x min(p(x), q(x)). `emission_distribution` computes the law of one call
+by exact enumeration, so the claim can be checked to 1e-12 on small vocabularies.
+
+The source article resamples from p itself after a rejection (its residual is
+p - p = 0); `accept_reject_article` keeps that rule so the book and tests can show
+it is biased towards tokens that both models like.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from .sampling import sample
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """normalize(max(0, p - q)) over the last dimension.
+
+    Where p <= q everywhere (p == q for two distributions) the residual has no
+    mass; a rejection then has probability 0, and p itself is returned so the
+    result is always a distribution even when float rounding causes a rejection.
+    """
+    residual = (p - q).clamp(min=0)  # (..., V)
+    mass = residual.sum(-1, keepdim=True)  # (..., 1)
+    return torch.where(mass > 0, residual / mass.clamp(min=torch.finfo(residual.dtype).tiny), p)
+
+
+def _check_inputs(tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> None:
+    """ValueErrors that name the argument for every malformed input."""
+    if tokens.dim() != 1:
+        raise ValueError(f"draft_tokens must have shape (K,), got {tuple(tokens.shape)}")
+    k = tokens.numel()
+    if p.dim() != 2 or p.size(0) != k + 1:
+        raise ValueError(f"target_probs must have shape (K + 1, V) = ({k + 1}, V), got {tuple(p.shape)}")
+    if q.shape != (k, p.size(1)):
+        raise ValueError(f"draft_probs must have shape (K, V) = ({k}, {p.size(1)}), got {tuple(q.shape)}")
+    for name, probs in (("draft_probs", q), ("target_probs", p)):
+        if probs.numel() and not bool(torch.isfinite(probs).all()):
+            raise ValueError(f"{name} contains NaN or infinite values")
+        if probs.numel() and bool((probs < 0).any()):
+            raise ValueError(f"{name} contains negative probabilities")
+        if probs.numel() and not torch.allclose(probs.double().sum(-1), torch.ones(1, dtype=torch.float64), atol=1e-3):
+            raise ValueError(f"every row of {name} must sum to 1")
+    if k and (int(tokens.min()) < 0 or int(tokens.max()) >= p.size(1)):
+        raise ValueError(f"draft_tokens must lie in [0, {p.size(1)}), got {tokens.tolist()}")
+    if k and bool((q[torch.arange(k, device=q.device), tokens.to(q.device)] <= 0).any()):
+        raise ValueError("draft_probs gives zero mass to a drafted token: it cannot have been sampled from q")
+
+
+def accept_reject(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None = None,
+    *,
+    greedy: bool = False,
+) -> list[int]:
+    """Run the rejection-sampling rule over one block of K drafts.
+
+    Args:
+        draft_tokens: the drafted tokens x_0 .. x_{K-1}, shape (K,).
+        draft_probs: q, the draft distributions they were sampled from, shape (K, V).
+        target_probs: p, the target distributions for the K slots and the bonus, (K + 1, V).
+        generator: the only source of randomness (uniforms and samples).
+        greedy: temperature 0: accept while x_i == argmax p_i, then emit argmax p_j.
+
+    Returns:
+        The emitted tokens: the accepted drafts followed by exactly one correction
+        (after a rejection) or bonus token (after K acceptances); 1 to K + 1 tokens.
+
+    Raises:
+        ValueError: on wrong shapes, NaN / negative / unnormalized rows, or a drafted
+            token that has zero mass under q.
+    """
+    _check_inputs(draft_tokens, draft_probs, target_probs)
+    k = draft_tokens.numel()
+    if greedy:
+        # Greedy: the target would have emitted argmax p_i; keep drafts while they agree.
+        target_choice = target_probs.argmax(-1).tolist()  # K + 1 ints
+        drafts = draft_tokens.tolist()
+        n = next((i for i in range(k) if drafts[i] != target_choice[i]), k)
+        return drafts[:n] + [target_choice[n]]
+    # Work in float64 on the generator's device: the comparisons below are tiny.
+    device = generator.device if generator is not None else torch.device("cpu")
+    rows = torch.arange(k, device=draft_probs.device)
+    tokens = draft_tokens.to(draft_probs.device)
+    px = target_probs[:k][rows, tokens].to(device, torch.float64)  # (K,) p_i(x_i)
+    qx = draft_probs[rows, tokens].to(device, torch.float64)  # (K,) q_i(x_i)
+    # Accept x_i iff u_i * q_i(x_i) < p_i(x_i), i.e. u_i < p/q: probability min(1, p/q).
+    # The strict "<" matters: a uniform can be exactly 0, and 0 < 0 rejects a token
+    # the target gives no mass at all.
+    u = torch.rand(k, dtype=torch.float64, device=device, generator=generator)  # (K,)
+    accepted = (u * qx < px).tolist()
+    n = next((i for i in range(k) if not accepted[i]), k)
+    if n < k:
+        # First rejection at slot n: the correction comes from the residual.
+        last = sample(residual_distribution(target_probs[n].double(), draft_probs[n].double()), generator)
+    else:
+        # All K accepted: the bonus token comes from p_K, already computed.
+        last = sample(target_probs[k], generator)
+    return draft_tokens[:n].tolist() + [int(last)]
+
+
+def accept_reject_article(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> list[int]:
+    """The source article's rule: like `accept_reject`, but resample from p after a
+    rejection. Biased; kept only so the book and the tests can show that it is."""
+    _check_inputs(draft_tokens, draft_probs, target_probs)
+    k = draft_tokens.numel()
+    for i in range(k):
+        x = int(draft_tokens[i])
+        u = torch.rand((), dtype=torch.float64, generator=generator)
+        if not u * float(draft_probs[i, x]) < float(target_probs[i, x]):
+            return draft_tokens[:i].tolist() + [int(sample(target_probs[i], generator))]
+    return draft_tokens.tolist() + [int(sample(target_probs[k], generator))]
+
+
+def emission_distribution(
+    draft_probs: torch.Tensor, target_probs: torch.Tensor, *, rule: str = "exact"
+) -> dict[tuple[int, ...], float]:
+    """The exact law of what one `accept_reject` call emits, by enumeration.
+
+    The drafts x_0 .. x_{K-1} are drawn from the fixed rows q_0 .. q_{K-1}. Every
+    emitted sequence is a run of accepted drafts plus one correction or bonus token;
+    its probability is summed over all ways to produce it, in float64.
+
+    Args:
+        draft_probs: q, shape (K, V). Keep V ** K small (it is enumerated).
+        target_probs: p, shape (K + 1, V).
+        rule: "exact" (residual after a rejection) or "article" (p after a rejection).
+
+    Returns:
+        {emitted tokens: probability}; the probabilities sum to 1.
+    """
+    if rule not in ("exact", "article"):
+        raise ValueError(f"rule must be 'exact' or 'article', got {rule!r}")
+    q, p = draft_probs.double(), target_probs.double()
+    k, v = q.shape
+    law: dict[tuple[int, ...], float] = {}
+
+    def walk(i: int, accepted: tuple[int, ...], reach: float) -> None:
+        # `reach`: probability that drafts x_0 .. x_{i-1} == accepted were drawn and accepted.
+        if i == k:
+            # Every draft accepted: the bonus token from p_K.
+            for y in range(v):
+                law[accepted + (y,)] = law.get(accepted + (y,), 0.0) + reach * float(p[k, y])
+            return
+        after_reject = residual_distribution(p[i], q[i]) if rule == "exact" else p[i]
+        for x in range(v):
+            drawn = reach * float(q[i, x])
+            if drawn == 0:
+                continue
+            accept = min(1.0, float(p[i, x]) / float(q[i, x]))
+            # Rejected at slot i: one token from the residual (or p), then stop.
+            for y in range(v):
+                mass = drawn * (1 - accept) * float(after_reject[y])
+                if mass > 0:
+                    law[accepted + (y,)] = law.get(accepted + (y,), 0.0) + mass
+            walk(i + 1, accepted + (x,), drawn * accept)
+
+    walk(0, (), 1.0)
+    return law
+
+
+def next_token_law(
+    law: dict[tuple[int, ...], float], prefix: tuple[int, ...], vocab_size: int
+) -> torch.Tensor:
+    """Distribution of the emitted token after `prefix`, given the emission starts with
+    `prefix` as accepted drafts (so it is longer than the prefix). Shape (V,), float64."""
+    out = torch.zeros(vocab_size, dtype=torch.float64)
+    for seq, mass in law.items():
+        if len(seq) > len(prefix) and seq[: len(prefix)] == prefix:
+            out[seq[len(prefix)]] += mass
+    total = out.sum()
+    if total <= 0:
+        raise ValueError(f"prefix {prefix} is never emitted as accepted drafts")
+    return out / total

@@ -1,0 +1,128 @@
+"""How many tokens to draft per iteration: fixed, or adapted as generation runs.
+
+The best K depends on how often drafts are accepted (alpha) and how much a draft
+step costs relative to a target step (c): drafting too few wastes the cheap
+verification of several tokens, drafting too many wastes draft passes on tokens
+that will be rejected. Three schedules share one small interface:
+
+* `FixedDraftLength(k)`: always K (what an int `num_draft_tokens` means);
+* `HeuristicDraftLength`: +2 after a fully accepted block, -1 otherwise, within
+  bounds (the rule `transformers`' assisted generation uses);
+* `ModelBasedDraftLength`: estimates alpha from the acceptances seen so far and
+  picks the K that maximises the expected speedup of `analysis.optimal_draft_length`.
+
+No schedule can affect exactness: every token is still accepted or corrected by the
+rejection rule, whatever K is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class DraftLengthSchedule(Protocol):
+    """Proposes K before each iteration and learns from what was accepted."""
+
+    def next_k(self) -> int: ...
+
+    def update(self, num_drafted: int, num_accepted: int) -> None: ...
+
+
+@dataclass
+class FixedDraftLength:
+    """Always draft `k` tokens."""
+
+    k: int  # tokens drafted per iteration
+
+    def __post_init__(self) -> None:
+        _check_positive("k", self.k)
+
+    def next_k(self) -> int:
+        return self.k
+
+    def update(self, num_drafted: int, num_accepted: int) -> None:
+        """A fixed K learns nothing."""
+
+
+@dataclass
+class HeuristicDraftLength:
+    """+2 after a fully accepted block, -1 after any rejection, within [min_k, max_k]."""
+
+    k: int = 5  # the current K, adapted after every block
+    min_k: int = 1  # never draft fewer than this
+    max_k: int = 16  # never draft more than this
+
+    def __post_init__(self) -> None:
+        for name in ("k", "min_k", "max_k"):
+            _check_positive(name, getattr(self, name))
+        if not self.min_k <= self.k <= self.max_k:
+            raise ValueError(f"need min_k <= k <= max_k, got {self.min_k}, {self.k}, {self.max_k}")
+
+    def next_k(self) -> int:
+        return self.k
+
+    def update(self, num_drafted: int, num_accepted: int) -> None:
+        # A block shortened by the token budget (num_drafted < k) says nothing new.
+        if num_drafted == 0:
+            return
+        step = 2 if num_accepted == num_drafted else -1
+        self.k = max(self.min_k, min(self.max_k, self.k + step))
+
+
+@dataclass
+class ModelBasedDraftLength:
+    """Pick K from the measured acceptance rate and the draft/target cost ratio.
+
+    alpha is estimated with a prior of `prior_alpha` worth `prior_weight` drafted
+    tokens, so the first iterations do not swing K wildly.
+    """
+
+    cost_ratio: float  # c: draft pass time / target pass time, measured on the pair
+    verify_cost: object = None  # optional callable K -> target pass time for K + 1 tokens / one token
+    min_k: int = 1  # never draft fewer than this
+    max_k: int = 12  # never draft more than this
+    prior_alpha: float = 0.6  # assumed alpha before any evidence
+    prior_weight: float = 8.0  # how many drafted tokens the prior counts for
+    drafted: int = 0  # drafted tokens seen so far
+    accepted: int = 0  # accepted tokens seen so far
+
+    def __post_init__(self) -> None:
+        _check_positive("min_k", self.min_k)
+        _check_positive("max_k", self.max_k)
+        if self.min_k > self.max_k:
+            raise ValueError(f"need min_k <= max_k, got {self.min_k} > {self.max_k}")
+        if not self.cost_ratio >= 0:
+            raise ValueError(f"cost_ratio must be >= 0, got {self.cost_ratio!r}")
+        if not 0 <= self.prior_alpha < 1:
+            raise ValueError(f"prior_alpha must lie in [0, 1), got {self.prior_alpha!r}")
+
+    @property
+    def alpha(self) -> float:
+        """The current estimate of the acceptance rate."""
+        return (self.accepted + self.prior_alpha * self.prior_weight) / (self.drafted + self.prior_weight)
+
+    def next_k(self) -> int:
+        from .analysis import optimal_draft_length
+
+        return optimal_draft_length(
+            self.alpha, self.cost_ratio, max_k=self.max_k, min_k=self.min_k, verify_cost=self.verify_cost
+        )
+
+    def update(self, num_drafted: int, num_accepted: int) -> None:
+        self.drafted += num_drafted
+        self.accepted += num_accepted
+
+
+def _check_positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def as_schedule(num_draft_tokens: int | DraftLengthSchedule) -> DraftLengthSchedule:
+    """An int becomes `FixedDraftLength`; a schedule is used as it is."""
+    if isinstance(num_draft_tokens, int) and not isinstance(num_draft_tokens, bool):
+        return FixedDraftLength(num_draft_tokens)
+    if hasattr(num_draft_tokens, "next_k") and hasattr(num_draft_tokens, "update"):
+        return num_draft_tokens
+    raise ValueError(f"num_draft_tokens must be an integer >= 1 or a schedule, got {num_draft_tokens!r}")
