@@ -22,7 +22,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .drafting import draft_tokens
-from .kv_cache import make_logits_source
+from .kv_cache import LogitsSource, make_logits_source
 from .rejection import accept_reject
 from .sampling import SamplingConfig, logits_to_probs, sample
 from .schedules import DraftLengthSchedule, as_schedule
@@ -79,6 +79,45 @@ def _cut_after_eos(tokens: list[int], eos: set[int]) -> tuple[list[int], bool]:
 
 
 @torch.no_grad()
+def speculative_step(
+    target: LogitsSource,
+    draft: LogitsSource,
+    sequence: torch.Tensor,
+    num_draft_tokens: int,
+    sampling: SamplingConfig,
+    generator: torch.Generator | None = None,
+    eos: set[int] = frozenset(),
+) -> tuple[torch.Tensor, IterationRecord, bool]:
+    """One draft-verify-accept iteration, with both caches left ready for the next.
+
+    Args:
+        target, draft: the two models wrapped as logits sources (`kv_cache`).
+        sequence: the tokens so far, shape (1, n).
+        num_draft_tokens: K for this iteration (0 makes it one plain target step).
+        sampling, generator: as in `speculative_generate`.
+        eos: token ids after which generation stops.
+
+    Returns:
+        (the extended sequence (1, n + emitted), what happened, whether an EOS was emitted).
+    """
+    n = sequence.size(1)
+    proposal = draft_tokens(draft, sequence, num_draft_tokens, sampling, generator)
+    p = target_distributions(target, sequence, proposal.tokens, sampling)  # (K + 1, V)
+    emitted = accept_reject(proposal.tokens, proposal.probs, p, generator, greedy=sampling.greedy)
+    num_accepted = len(emitted) - 1
+    emitted, hit_eos = _cut_after_eos(emitted, eos)
+    new = torch.tensor([emitted], dtype=sequence.dtype, device=sequence.device)
+    sequence = torch.cat([sequence, new], dim=1)  # (1, n + emitted)
+    # Roll both caches back to the prefix and the accepted drafts. The last token of the
+    # sequence (the correction or bonus, or an EOS) stays unseen by both models: the
+    # next iteration feeds it first, so its logits are always computed fresh.
+    keep = min(n + num_accepted, sequence.size(1) - 1)
+    target.rollback(keep)
+    draft.rollback(keep)
+    return sequence, IterationRecord(proposal.tokens.tolist(), emitted, num_accepted), hit_eos
+
+
+@torch.no_grad()
 def speculative_generate(
     target_model: PreTrainedModel,
     draft_model: PreTrainedModel,
@@ -123,24 +162,13 @@ def speculative_generate(
     while stats.new_tokens < max_new_tokens:
         # Never draft past the budget: K drafts can emit up to K + 1 tokens.
         k = min(schedule.next_k(), max_new_tokens - stats.new_tokens - 1)
-        proposal = draft_tokens(draft, sequence, k, sampling, generator)
-        p = target_distributions(target, sequence, proposal.tokens, sampling)  # (K + 1, V)
-        emitted = accept_reject(proposal.tokens, proposal.probs, p, generator, greedy=sampling.greedy)
-        num_accepted = len(emitted) - 1
-        schedule.update(k, num_accepted)
-        emitted, hit_eos = _cut_after_eos(emitted, eos)
-        # Both caches keep only the prefix and the accepted drafts; the correction or
-        # bonus token is new to both and is fed at the start of the next iteration.
-        kept = sequence.size(1) + num_accepted
-        target.rollback(kept)
-        draft.rollback(kept)
-        new = torch.tensor([emitted], dtype=sequence.dtype, device=sequence.device)
-        sequence = torch.cat([sequence, new], dim=1)  # (1, n + emitted)
+        sequence, record, hit_eos = speculative_step(target, draft, sequence, k, sampling, generator, eos)
+        schedule.update(k, record.num_accepted)
         stats.iterations += 1
         stats.drafted_tokens += k
-        stats.accepted_tokens += num_accepted
-        stats.new_tokens += len(emitted)
-        trace.append(IterationRecord(proposal.tokens.tolist(), emitted, num_accepted))
+        stats.accepted_tokens += record.num_accepted
+        stats.new_tokens += len(record.emitted)
+        trace.append(record)
         if hit_eos:
             break
     stats.target_calls, stats.draft_calls = target.forward_calls, draft.forward_calls

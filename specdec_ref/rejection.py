@@ -20,8 +20,6 @@ it is biased towards tokens that both models like.
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 
 from .sampling import sample
@@ -161,7 +159,8 @@ def emission_distribution(
         if i == k:
             # Every draft accepted: the bonus token from p_K.
             for y in range(v):
-                law[accepted + (y,)] = law.get(accepted + (y,), 0.0) + reach * float(p[k, y])
+                if reach * float(p[k, y]) > 0:
+                    law[accepted + (y,)] = law.get(accepted + (y,), 0.0) + reach * float(p[k, y])
             return
         after_reject = residual_distribution(p[i], q[i]) if rule == "exact" else p[i]
         for x in range(v):

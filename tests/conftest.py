@@ -39,3 +39,22 @@ def pair(request):
     """(target, draft) of one family: the draft shares the vocabulary, has fewer layers."""
     family = request.param
     return make_model(family, layers=3, seed=1), make_model(family, layers=1, seed=2)
+
+
+def noisy_copy(model, noise: float, seed: int = 0):
+    """A draft that agrees with `model` often but not always: its weights plus noise."""
+    import copy
+
+    draft = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in draft.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * noise * param.std().clamp(min=1e-3))
+    return draft.eval()
+
+
+@pytest.fixture(params=["gpt2", "llama"])
+def close_pair(request):
+    """(target, draft) where the draft is a noisy copy: acceptance is neither 0 nor 1."""
+    target = make_model(request.param, layers=2, seed=1)
+    return target, noisy_copy(target, noise=0.3, seed=3)

@@ -1,0 +1,141 @@
+"""Keep every chapter's Open-in-Colab badge and set-up cell in step with _config.yml.
+
+    python scripts/colab_cells.py --check   # exit 1 and name each notebook that differs
+    python scripts/colab_cells.py --write   # rewrite the badge line and the set-up cell
+
+`_config.yml` names the repository and branch once (`repository.url`,
+`repository.branch`); the book's header buttons are built from it, and this script
+writes the same values into each notebook under `notebooks/`:
+
+* the badge: a line in the first (title) cell, linking to the notebook on Colab. The
+  image is an inline SVG, so it shows offline and in the built book without a CDN;
+* the set-up cell (tagged `colab-setup`, the first code cell): on Colab only, it
+  installs the package from the repository; then it picks and loads the model pair.
+
+Standard library and PyYAML (a Jupyter Book dependency) only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+SETUP_TAG = "colab-setup"
+BADGE_ALT = "Open in Colab"
+COLAB = "https://colab.research.google.com"
+
+# A plain two-part badge ("open in | Colab"), drawn here rather than fetched.
+BADGE_SVG = (
+    '<svg xmlns="http://www.w3.org/2000/svg" width="118" height="20" role="img" aria-label="Open in Colab">'
+    '<rect width="118" height="20" rx="3" fill="#555"/>'
+    '<rect x="62" width="56" height="20" rx="3" fill="#e8710a"/><rect x="62" width="6" height="20" fill="#e8710a"/>'
+    '<g fill="#fff" font-family="Verdana,DejaVu Sans,sans-serif" font-size="11" text-anchor="middle">'
+    '<text x="31" y="14">open in</text><text x="90" y="14">Colab</text></g></svg>'
+)
+
+
+def repository(config_path: Path = ROOT / "_config.yml") -> tuple[str, str]:
+    """(url, branch) from the book configuration; the url must be a GitHub repository."""
+    config = yaml.safe_load(config_path.read_text())
+    url = config["repository"]["url"].rstrip("/")
+    branch = config["repository"]["branch"]
+    if not url.startswith("https://github.com/") or url.count("/") != 4:
+        raise ValueError(f"repository.url must look like https://github.com/<owner>/<name>, got {url!r}")
+    return url, branch
+
+
+def badge_line(notebook: Path, url: str, branch: str) -> str:
+    """The markdown badge that opens `notebook` on Colab."""
+    github_path = url.removeprefix("https://github.com/")
+    link = f"{COLAB}/github/{github_path}/blob/{branch}/{notebook.relative_to(ROOT).as_posix()}"
+    image = "data:image/svg+xml;base64," + base64.b64encode(BADGE_SVG.encode()).decode()
+    return f"[![{BADGE_ALT}]({image})]({link})"
+
+
+def setup_source(url: str, branch: str) -> str:
+    """The set-up cell, the same in every chapter."""
+    return f'''\
+# Set-up. On Google Colab this installs the book's package; elsewhere it installs nothing.
+# The pair: gpt2 -> gpt2-xl on a Colab GPU, otherwise the tiny pair shipped with the package.
+# To choose, set PAIR to a pair name ("tiny", "gpt2") or the environment variable SPECDEC_PAIR.
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "git+{url}@{branch}"], check=True)
+
+from specdec_ref.notebook import open_pair
+
+PAIR = None
+pair = open_pair(PAIR)
+print(pair.describe())'''
+
+
+def expected_cells(notebook: Path, cells: list[dict], url: str, branch: str) -> list[dict]:
+    """`cells` with the badge line and the set-up cell as they should be."""
+    cells = json.loads(json.dumps(cells))  # a deep copy
+    if not cells or cells[0]["cell_type"] != "markdown":
+        raise ValueError(f"{notebook.name}: the first cell must be the markdown title cell")
+    title = "".join(cells[0]["source"]).splitlines()
+    kept = [line for line in title if not line.startswith(f"[![{BADGE_ALT}]")]
+    # The badge goes right under the title line, separated by blank lines.
+    body = kept[1:]
+    while body and not body[0].strip():
+        body.pop(0)
+    lines = [kept[0], "", badge_line(notebook, url, branch)] + ([""] + body if body else [])
+    cells[0]["source"] = _as_source("\n".join(lines))
+    setup = [c for c in cells if c["cell_type"] == "code" and SETUP_TAG in c.get("metadata", {}).get("tags", [])]
+    first_code = next((c for c in cells if c["cell_type"] == "code"), None)
+    if len(setup) != 1 or setup[0] is not first_code:
+        raise ValueError(f"{notebook.name}: the first code cell, and only it, must carry the tag {SETUP_TAG!r}")
+    setup[0]["source"] = _as_source(setup_source(url, branch))
+    return cells
+
+
+def _as_source(text: str) -> list[str]:
+    """Notebook-style source: a list of lines that keep their newlines."""
+    return text.splitlines(keepends=True)
+
+
+def _normalise(source: str | list[str]) -> str:
+    return "".join(source) if isinstance(source, list) else source
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--check", action="store_true", help="report notebooks that differ; exit 1 if any")
+    mode.add_argument("--write", action="store_true", help="rewrite the badge and the set-up cell")
+    parser.add_argument("notebooks", nargs="*", type=Path, help="default: notebooks/*.ipynb")
+    args = parser.parse_args(argv)
+
+    url, branch = repository()
+    paths = [p.resolve() for p in args.notebooks] or sorted(NOTEBOOKS.glob("*.ipynb"))
+    stale = []
+    for path in paths:
+        notebook = json.loads(path.read_text())
+        expected = expected_cells(path, notebook["cells"], url, branch)
+        same = all(_normalise(a["source"]) == _normalise(b["source"]) for a, b in zip(notebook["cells"], expected))
+        if same:
+            continue
+        stale.append(path.relative_to(ROOT).as_posix())
+        if args.write:
+            notebook["cells"] = expected
+            path.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n")
+    if args.check and stale:
+        print("badge or set-up cell out of step with _config.yml (run scripts/colab_cells.py --write):",
+              *stale, sep="\n  ")
+        return 1
+    print(f"colab cells: {len(paths)} notebooks, {len(stale)} {'rewritten' if args.write else 'differ'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,282 @@
+"""The performance model of speculative decoding: what speedup to expect, and why (performance chapter).
+
+Leviathan et al. (2023) model each drafted token as accepted independently with
+probability alpha, the expectation over contexts of beta = sum_x min(p(x), q(x)).
+An iteration drafts K tokens, stops at the first rejection, and always emits one
+more token (the correction, or the bonus token after K acceptances), so
+
+    E[tokens per iteration] = 1 + alpha + ... + alpha^K = (1 - alpha^(K+1)) / (1 - alpha)
+
+(K + 1 when alpha = 1). In units of one target decoding step, an iteration costs K
+draft steps of relative cost c plus one target pass over K + 1 tokens, whose relative
+cost v(K) is about 1 while decoding is memory-bound but must be measured:
+
+    speedup = E[tokens] / (K * c + v(K))
+
+This module is the one implementation of these formulas: the adaptive draft length
+(`schedules.ModelBasedDraftLength`) and the notebooks call it. Alongside: beta and
+alpha measured from a real model pair, a Monte Carlo check of the closed forms, and
+predicted against measured speedups from the benchmark's JSON report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel
+
+from .decoder import IterationRecord, autoregressive_generate
+from .sampling import SamplingConfig
+from .verification import target_distributions
+
+# How a verification cost v(K) may be given: None (v = 1), a callable K -> v(K),
+# a mapping {K: v(K)} (keys int or str, as in the benchmark JSON) or a sequence indexed by K.
+VerifyCost = Callable[[int], float] | Mapping | Sequence[float] | None
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Expected tokens emitted per iteration (block efficiency): (1 - alpha^(K+1)) / (1 - alpha)."""
+    _check_alpha(alpha)
+    _check_k("k", k, minimum=0)
+    if 1 - alpha < 1e-6:
+        # Near alpha = 1 the closed form divides two tiny numbers; the finite sum is exact (K + 1 at 1).
+        return math.fsum(alpha**i for i in range(k + 1))
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def accepted_count_distribution(alpha: float, k: int) -> list[float]:
+    """P(N = n) for n = 0..K drafts accepted: alpha^n (1 - alpha) below K, alpha^K at K."""
+    _check_alpha(alpha)
+    _check_k("k", k, minimum=0)
+    return [alpha**n * (1 - alpha) for n in range(k)] + [alpha**k]
+
+
+def as_verify_cost(verify_cost: VerifyCost) -> Callable[[int], float]:
+    """Turn any accepted form of v(K) into a function of K (v(0) = 1: a plain decoding step).
+
+    Raises:
+        ValueError: when a table has no entry for a K that is asked for.
+    """
+    if verify_cost is None:
+        return lambda k: 1.0
+    if callable(verify_cost):
+        return lambda k: 1.0 if k == 0 else float(verify_cost(k))
+    if isinstance(verify_cost, Mapping):
+        table = {int(key): float(value) for key, value in verify_cost.items()}
+    elif isinstance(verify_cost, Sequence) and not isinstance(verify_cost, str):
+        table = {k: float(value) for k, value in enumerate(verify_cost)}
+    else:
+        raise ValueError(f"verify_cost must be None, a callable, a mapping or a sequence, got {verify_cost!r}")
+    table.setdefault(0, 1.0)
+
+    def lookup(k: int) -> float:
+        if k not in table:
+            raise ValueError(f"verify_cost has no entry for K={k} (it covers K in {sorted(table)}); "
+                             "measure it or lower max_k")
+        return table[k]
+
+    return lookup
+
+
+def iteration_cost(k: int, cost_ratio: float, verify_cost: VerifyCost = None) -> float:
+    """Time of one iteration in target decoding steps: K * c + v(K)."""
+    _check_k("k", k, minimum=0)
+    _check_cost_ratio(cost_ratio)
+    return k * cost_ratio + as_verify_cost(verify_cost)(k)
+
+
+def expected_speedup(alpha: float, k: int, cost_ratio: float, verify_cost: VerifyCost = None) -> float:
+    """Expected speedup over target-only decoding: E[tokens] / (K * c + v(K)).
+
+    Args:
+        alpha: probability that a drafted token is accepted, in [0, 1].
+        k: tokens drafted per iteration (0 is plain decoding, speedup 1 / v(0) = 1).
+        cost_ratio: c, time of a draft decoding step / time of a target decoding step.
+        verify_cost: v(K), time of a target pass over K + 1 tokens / a 1-token pass (default 1).
+    """
+    return expected_tokens(alpha, k) / iteration_cost(k, cost_ratio, verify_cost)
+
+
+def optimal_draft_length(alpha: float, cost_ratio: float, *, max_k: int, min_k: int = 1,
+                         verify_cost: VerifyCost = None) -> int:
+    """The K in [min_k, max_k] with the largest expected speedup (the smallest such K on ties)."""
+    _check_k("min_k", min_k, minimum=1)
+    _check_k("max_k", max_k, minimum=min_k)
+    cost = as_verify_cost(verify_cost)
+    speedups = {k: expected_speedup(alpha, k, cost_ratio, cost) for k in range(min_k, max_k + 1)}
+    return max(speedups, key=lambda k: (speedups[k], -k))
+
+
+def acceptance_beta(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """beta = sum_x min(p(x), q(x)): the chance the rule accepts a token drafted from q, per row.
+
+    Args:
+        p, q: target and draft distributions of the same shape (..., V).
+
+    Returns:
+        beta, shape (...,), in [0, 1]; 1 - beta is the total-variation distance of p and q.
+    """
+    if p.shape != q.shape:
+        raise ValueError(f"p and q must have the same shape, got {tuple(p.shape)} and {tuple(q.shape)}")
+    return torch.minimum(p, q.to(p.dtype)).sum(-1)  # (...,)
+
+
+@dataclass(frozen=True)
+class AlphaEstimate:
+    """alpha = E[beta] over the positions of continuations the target generated."""
+
+    betas: tuple[float, ...]  # beta at every scored position, all prompts together
+
+    @property
+    def alpha(self) -> float:
+        return sum(self.betas) / len(self.betas)
+
+    @property
+    def standard_error(self) -> float:
+        """Standard error of the mean (positions of one text are correlated: a lower bound)."""
+        n = len(self.betas)
+        if n < 2:
+            return float("nan")
+        mean = self.alpha
+        return math.sqrt(sum((b - mean) ** 2 for b in self.betas) / (n - 1) / n)
+
+
+@torch.no_grad()
+def measure_alpha(target_model: PreTrainedModel, draft_model: PreTrainedModel, prompts: Sequence[torch.Tensor], *,
+                  max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(),
+                  generator: torch.Generator | None = None) -> AlphaEstimate:
+    """Estimate alpha for a model pair by averaging beta over text the target generates.
+
+    For each prompt (1, n) the target continues the text (so contexts follow p), then one
+    pass of each model over prompt + continuation gives p and q at every position
+    (`verification.target_distributions`), and beta is computed position by position.
+    """
+    if not prompts:
+        raise ValueError("prompts must hold at least one prompt")
+    betas: list[float] = []
+    for prompt in prompts:
+        out = autoregressive_generate(target_model, prompt, max_new_tokens=max_new_tokens,
+                                      sampling=sampling, generator=generator)
+        continuation = out.sequences[0, prompt.size(1):]  # (L,)
+        p = target_distributions(target_model, prompt, continuation, sampling)  # (L + 1, V)
+        q = target_distributions(draft_model, prompt, continuation, sampling)  # (L + 1, V)
+        betas.extend(acceptance_beta(p, q).tolist())
+    return AlphaEstimate(tuple(betas))
+
+
+def alpha_from_trace(trace: Sequence[IterationRecord]) -> float:
+    """alpha estimated from a run's iterations: accepted drafts / drafts actually tested.
+
+    Drafts after the first rejection are never tested, so accepted / drafted (the
+    decoder's `acceptance_rate`) underestimates alpha; this is the maximum-likelihood
+    estimate under the independent-acceptance model.
+    """
+    accepted = sum(r.num_accepted for r in trace)
+    tested = sum(r.num_accepted + (r.num_accepted < len(r.drafted)) for r in trace)
+    return accepted / tested if tested else float("nan")
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """Monte Carlo iterations of the independent-acceptance model."""
+
+    accepted: torch.Tensor  # drafts accepted in each simulated iteration, shape (num_iterations,)
+
+    @property
+    def mean_tokens(self) -> float:
+        """Tokens per iteration: the accepted drafts plus the correction or bonus token."""
+        return float(self.accepted.double().mean()) + 1
+
+    @property
+    def standard_error(self) -> float:
+        return float(self.accepted.double().std() / math.sqrt(self.accepted.numel()))
+
+    def frequencies(self, k: int) -> list[float]:
+        """Observed fraction of iterations with n = 0..K accepted drafts."""
+        return (torch.bincount(self.accepted, minlength=k + 1).double() / self.accepted.numel()).tolist()
+
+
+def simulate_acceptance(alpha: float, k: int, *, num_iterations: int, generator: torch.Generator) -> SimulationResult:
+    """Draw `num_iterations` iterations: K Bernoulli(alpha) tests, stopping at the first rejection."""
+    _check_alpha(alpha)
+    _check_k("k", k, minimum=0)
+    _check_k("num_iterations", num_iterations, minimum=1)
+    tests = torch.rand(num_iterations, k, generator=generator) < alpha  # (N, K)
+    # The accepted prefix: a draft counts only if it and every draft before it passed.
+    accepted = tests.long().cumprod(dim=1).sum(dim=1)  # (N,)
+    return SimulationResult(accepted)
+
+
+@dataclass(frozen=True)
+class SpeedupRow:
+    """One benchmark arm: the speedup the model predicts next to the one measured."""
+
+    name: str  # the arm's name in the benchmark
+    mode: str  # "greedy", "t1.0", ...
+    k: int  # drafts per iteration
+    alpha: float  # measured acceptance rate of the arm
+    predicted_tokens: float  # (1 - alpha^(K+1)) / (1 - alpha)
+    block_efficiency: float  # measured tokens per target call (nan if absent)
+    predicted_speedup: float  # E[tokens] / (K * c + v(K)) (nan without v(K) or alpha)
+    measured_speedup: float  # tokens/s of the arm / tokens/s of the baseline
+
+
+def load_benchmark(path: str | Path) -> dict:
+    """Read the JSON report written by `python -m specdec_ref.bench`."""
+    return json.loads(Path(path).read_text())
+
+
+def predicted_vs_measured(benchmark: Mapping | str | Path) -> list[SpeedupRow]:
+    """Predicted and measured speedups of the benchmark's cached, fixed-K `specdec_ref` arms.
+
+    Uses the report's measured `cost_ratio` and `verify_cost` table; arms without an
+    alpha, or whose K has no measured verification cost, get a nan prediction.
+    """
+    data = benchmark if isinstance(benchmark, Mapping) else load_benchmark(benchmark)
+    cost_ratio = float(data["cost_ratio"])
+    costs = {int(key): float(value) for key, value in (data.get("verify_cost") or {}).items()}
+    rows = []
+    for arm in data.get("arms", []):
+        if arm.get("impl") != "specdec_ref" or not isinstance(arm.get("k"), int) or not _is_cached(arm):
+            continue
+        k, alpha = arm["k"], arm.get("alpha")
+        alpha = float(alpha) if alpha is not None else float("nan")
+        known = not math.isnan(alpha) and k in costs
+        tokens = expected_tokens(alpha, k) if not math.isnan(alpha) else float("nan")
+        predicted = tokens / iteration_cost(k, cost_ratio, costs) if known else float("nan")
+        efficiency = arm.get("block_efficiency")
+        rows.append(SpeedupRow(str(arm.get("name", "")), str(arm.get("mode", "")), k, alpha, tokens,
+                               float(efficiency) if efficiency is not None else float("nan"), predicted,
+                               float(arm.get("speedup", float("nan")))))
+    return rows
+
+
+def _is_cached(arm: Mapping) -> bool:
+    """False for arms marked as running without a KV cache (by a flag or by their name)."""
+    for key in ("use_cache", "cache", "cached", "kv_cache"):
+        if key in arm and arm[key] is False:
+            return False
+    if str(arm.get("schedule", "fixed")).lower() not in ("fixed", "none"):
+        return False
+    name = str(arm.get("name", "")).lower().replace("-", "").replace("_", "")
+    return "nocache" not in name and "uncached" not in name
+
+
+def _check_alpha(alpha: object) -> None:
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be a number in [0, 1], got {alpha!r}")
+
+
+def _check_cost_ratio(cost_ratio: object) -> None:
+    if isinstance(cost_ratio, bool) or not isinstance(cost_ratio, (int, float)) or not cost_ratio >= 0:
+        raise ValueError(f"cost_ratio must be a number >= 0, got {cost_ratio!r}")
+
+
+def _check_k(name: str, value: object, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")

@@ -1,0 +1,237 @@
+"""The arms of the benchmark, and one timed, instrumented run of an arm on one prompt.
+
+An arm is one way of generating: `transformers`' `generate` (target alone, the
+baseline), its assisted generation (at its defaults, and at a fixed K), or
+`specdec_ref` (target alone, speculative without a cache, with a cache at fixed K,
+with the heuristic and the model-based draft length). Each arm runs in one of three
+modes: greedy, or sampling at temperature 1 or 0.7 with no top-k and no top-p, set
+explicitly in every arm (`generate` would otherwise sample with top_k=50).
+
+`ForwardMeter` puts forward hooks on both models: it counts their forward passes and
+adds up the time spent inside them (synchronizing a GPU at each boundary), so the
+share of wall time spent outside the models, the loop's own overhead, is measured
+the same way for every arm. For assisted generation, which reports no counters,
+alpha is derived from the hooks: every target pass emits the accepted drafts plus one
+token, so accepted = new tokens - target passes, and every assistant pass drafts one.
+
+Invariant: within a mode, every arm gets the same prompt, the same token budget and
+EOS switched off, so their token counts, and in greedy mode their tokens, must agree.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from .bench_setup import BenchPair, PassCosts
+from .decoder import autoregressive_generate, speculative_generate
+from .sampling import SamplingConfig
+from .schedules import HeuristicDraftLength, ModelBasedDraftLength
+from .timing import synchronize, time_call
+
+# The modes of the benchmark and the sampling settings each stands for.
+MODES = {
+    "greedy": SamplingConfig(temperature=0.0),
+    "t1.0": SamplingConfig(temperature=1.0),
+    "t0.7": SamplingConfig(temperature=0.7),
+}
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One generation method in one mode."""
+
+    name: str  # unique within its mode, e.g. "specdec_ref k=4"
+    impl: str  # "transformers" or "specdec_ref"
+    mode: str  # a key of MODES
+    k: int | None  # fixed draft length (None: no draft model, or an adaptive/default one)
+    use_cache: bool  # whether both models keep a KV cache
+    schedule: str | None  # "fixed", "heuristic", "model", "default" (transformers), None (no draft)
+
+    @property
+    def speculative(self) -> bool:
+        """Whether the arm uses the draft model."""
+        return self.schedule is not None
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return MODES[self.mode]
+
+
+def build_arms(modes: list[str], k_values: list[int], *, nocache_k: int = 4, model_schedule: bool = True) -> list[Arm]:
+    """Every arm of the benchmark, mode by mode (the baseline first in each mode).
+
+    Args:
+        modes: keys of `MODES`.
+        k_values: the fixed draft lengths of the cached `specdec_ref` and assisted arms.
+        nocache_k: K of the `specdec_ref` arm without a KV cache.
+        model_schedule: include the model-based draft length arm.
+    """
+    unknown = [mode for mode in modes if mode not in MODES]
+    if unknown or not modes:
+        raise ValueError(f"modes must be a non-empty subset of {sorted(MODES)}, got {modes!r}")
+    if not k_values or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in k_values):
+        raise ValueError(f"k_values must be a non-empty list of integers >= 1, got {k_values!r}")
+    arms = []
+    for mode in modes:
+        arms.append(Arm("hf generate", "transformers", mode, None, True, None))
+        arms.append(Arm("hf assisted default", "transformers", mode, None, True, "default"))
+        arms += [Arm(f"hf assisted k={k}", "transformers", mode, k, True, "fixed") for k in k_values]
+        arms.append(Arm("specdec_ref autoregressive", "specdec_ref", mode, None, True, None))
+        arms.append(Arm(f"specdec_ref k={nocache_k} nocache", "specdec_ref", mode, nocache_k, False, "fixed"))
+        arms += [Arm(f"specdec_ref k={k}", "specdec_ref", mode, k, True, "fixed") for k in k_values]
+        arms.append(Arm("specdec_ref heuristic", "specdec_ref", mode, None, True, "heuristic"))
+        if model_schedule:
+            arms.append(Arm("specdec_ref model", "specdec_ref", mode, None, True, "model"))
+    return arms
+
+
+class ForwardMeter:
+    """Counts forward passes of named models and the seconds spent inside them."""
+
+    def __init__(self, models: dict[str, PreTrainedModel], device: torch.device) -> None:
+        self.device = device
+        self.calls = dict.fromkeys(models, 0)
+        self.seconds = dict.fromkeys(models, 0.0)
+        self._started: dict[str, float] = {}
+        self._handles = []
+        for name, model in models.items():
+            self._handles.append(model.register_forward_pre_hook(self._pre_hook(name)))
+            self._handles.append(model.register_forward_hook(self._post_hook(name)))
+
+    def _pre_hook(self, name: str):
+        def hook(module, args):
+            synchronize(self.device)
+            self._started[name] = _now()
+
+        return hook
+
+    def _post_hook(self, name: str):
+        def hook(module, args, output):
+            synchronize(self.device)
+            self.seconds[name] += _now() - self._started.pop(name)
+            self.calls[name] += 1
+
+        return hook
+
+    def reset(self) -> None:
+        self.calls = dict.fromkeys(self.calls, 0)
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
+
+    def remove(self) -> None:
+        """Take the hooks off the models."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+def _now() -> float:
+    import time
+
+    return time.perf_counter()
+
+
+@dataclass
+class RunRecord:
+    """What one run of one arm on one prompt produced and cost."""
+
+    tokens: list[int]  # the new tokens
+    wall_seconds: float  # wall time of the whole call
+    forward_seconds: float  # time inside forward passes of either model
+    target_calls: int  # target forward passes
+    draft_calls: int  # draft forward passes
+    drafted: int | None  # drafted tokens (None: the arm drafts nothing)
+    accepted: int | None  # accepted drafts
+    iterations: int = 0  # draft-verify rounds (target passes for the transformers arms)
+    extra: dict = field(default_factory=dict)
+
+
+class ArmRunner:
+    """Runs arms on a pair, with hooks on both models and the pass costs the model schedule needs."""
+
+    def __init__(self, pair: BenchPair, *, max_new_tokens: int, costs: PassCosts) -> None:
+        self.pair = pair
+        self.max_new_tokens = max_new_tokens
+        self.costs = costs
+        self.meter = ForwardMeter({"target": pair.target_model, "draft": pair.draft_model}, pair.device)
+        self._draft_config = pair.draft_model.generation_config
+
+    def close(self) -> None:
+        self.meter.remove()
+        self.pair.draft_model.generation_config = self._draft_config
+
+    def run(self, arm: Arm, input_ids: torch.Tensor, seed: int) -> RunRecord:
+        """Time one generation of `arm` from `input_ids` (1, n); sampling is seeded by `seed`."""
+        result = {}
+
+        def call() -> None:
+            result["tokens"], result["stats"] = self._generate(arm, input_ids, seed)
+
+        self.meter.reset()
+        wall = time_call(call, repeats=1, warmup=0, device=self.pair.device).median
+        tokens, stats = result["tokens"], result["stats"]
+        if len(tokens) != self.max_new_tokens:
+            raise RuntimeError(f"arm {arm.name!r} ({arm.mode}) produced {len(tokens)} tokens, "
+                               f"expected max_new_tokens={self.max_new_tokens}: is EOS really off?")
+        calls, seconds = dict(self.meter.calls), sum(self.meter.seconds.values())
+        record = RunRecord(tokens, wall, seconds, calls["target"], calls["draft"], None, None, calls["target"])
+        if stats is not None:  # specdec_ref: exact counters from the decoder
+            if arm.speculative:
+                record.drafted, record.accepted = stats.drafted_tokens, stats.accepted_tokens
+            record.iterations = stats.iterations
+        elif arm.speculative:  # assisted generation: one target pass per round, one draft pass per draft
+            record.drafted, record.accepted = calls["draft"], len(tokens) - calls["target"]
+        return record
+
+    def _generate(self, arm: Arm, input_ids: torch.Tensor, seed: int) -> tuple[list[int], object]:
+        """The new tokens of one generation, and the decoder's stats (None for transformers)."""
+        target, draft = self.pair.target_model, self.pair.draft_model
+        n = input_ids.size(1)
+        if arm.impl == "transformers":
+            kwargs = {"max_new_tokens": self.max_new_tokens, "attention_mask": torch.ones_like(input_ids),
+                      **arm.sampling.generate_kwargs()}
+            if arm.speculative:
+                # In transformers 5.x the assistant reads K and its schedule from its own
+                # generation config (generate(num_assistant_tokens=...) is ignored).
+                draft.generation_config = self._assistant_config(arm)
+                kwargs["assistant_model"] = draft
+            torch.manual_seed(seed)
+            with torch.no_grad():
+                output = target.generate(input_ids, **kwargs)  # (1, n + new)
+            return output[0, n:].tolist(), None
+        generator = torch.Generator(device=self.pair.device).manual_seed(seed)
+        common = {"max_new_tokens": self.max_new_tokens, "sampling": arm.sampling, "generator": generator,
+                  "eos_token_id": None, "use_cache": arm.use_cache}
+        if arm.speculative:
+            out = speculative_generate(target, draft, input_ids, num_draft_tokens=self._schedule(arm), **common)
+        else:
+            out = autoregressive_generate(target, input_ids, **common)
+        return out.sequences[0, n:].tolist(), out.stats
+
+    def _assistant_config(self, arm: Arm):
+        """A fresh assistant generation config: library defaults, or K drafts every round."""
+        config = copy.deepcopy(self._draft_config)
+        if arm.schedule == "default":
+            # None: transformers fills in its own defaults when generation starts.
+            config.num_assistant_tokens = None
+            config.num_assistant_tokens_schedule = None
+            config.assistant_confidence_threshold = None
+        else:
+            # Exactly K drafts per round, as in specdec_ref: constant schedule, no early stop on low confidence.
+            config.num_assistant_tokens = arm.k
+            config.num_assistant_tokens_schedule = "constant"
+            config.assistant_confidence_threshold = 0.0
+        return config
+
+    def _schedule(self, arm: Arm):
+        """A fresh draft length for one generation (schedules keep state)."""
+        if arm.schedule == "fixed":
+            return arm.k
+        if arm.schedule == "heuristic":
+            return HeuristicDraftLength()
+        verify_cost = self.costs.verify_cost
+        return ModelBasedDraftLength(cost_ratio=self.costs.cost_ratio, verify_cost=verify_cost,
+                                     max_k=max(verify_cost))

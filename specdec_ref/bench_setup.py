@@ -1,0 +1,246 @@
+"""What the benchmark and the demo run on: a model pair, a prompt set, and the pair's pass costs.
+
+`load_bench_pair` returns the embedded tiny pair (`specdec_ref.models.load_pair`) or,
+with `--pair random` or while the tiny pair is not there yet, random-init Llama models
+of the same shapes, and says which in `BenchPair.description` / `BenchPair.note`.
+
+A random pair agrees with itself no better than chance, which would make every
+speculative arm look hopeless for reasons that have nothing to do with the code. So
+the random draft *is* the target's first layer(s) with its embeddings and head (a
+truncated copy), and the target's deeper layers write into the residual stream with
+weights scaled by `deep_layer_scale`: the smaller the scale, the more often the two
+agree. The costs are those of the real shapes; alpha comes from this construction.
+
+`measure_costs` times single cached passes through `kv_cache.CachedForward`, the path
+the decoder uses: c = draft 1-token pass / target 1-token pass, and v(K) = target pass
+over K + 1 tokens / target 1-token pass (what `analysis` calls the cost ratio and the
+verification cost).
+
+Invariant: every pair returned here has EOS switched off in both models' generation
+configs, so every arm of the benchmark produces exactly `max_new_tokens` tokens.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+from .kv_cache import CachedForward
+from .timing import time_call
+from .validation import context_length, vocab_size
+
+# Prompts for a pair with a tokenizer when `specdec_ref.corpus` cannot provide held-out ones.
+FALLBACK_PROMPTS = (
+    "The for statement is used to iterate over the elements of a sequence",
+    "Return a new sorted list from the items in iterable.",
+    'def read_config(path):\n    """Read the configuration file at path and',
+    "An exception is raised when an operation or function is applied to an object of",
+    "The with statement is used to wrap the execution of a block with methods",
+    'class Queue:\n    """Create a queue object with a given maximum size.',
+    "If the optional argument is given, the function returns",
+    "Dictionaries can be created by placing a comma-separated list of",
+)
+
+
+@dataclass(frozen=True)
+class RandomPairShape:
+    """Shapes of a random-init Llama pair (defaults: those of the embedded tiny pair)."""
+
+    target_layers: int = 6  # decoder layers of the target
+    draft_layers: int = 1  # decoder layers of the draft (the target's first ones)
+    width: int = 384  # hidden size of both models
+    vocab: int = 4096  # shared vocabulary
+    deep_layer_scale: float = 0.05  # scale of the target's deeper layers' output weights
+    init_range: float = 0.2  # std of the random init (wide: no near-ties between logits)
+    positions: int = 2048  # context length
+    seed: int = 0  # seeds the random weights
+
+    def __post_init__(self) -> None:
+        for name in ("target_layers", "draft_layers", "width", "vocab", "positions"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.draft_layers > self.target_layers:
+            raise ValueError(f"draft_layers ({self.draft_layers}) must be <= target_layers ({self.target_layers})")
+        if self.width % 32:
+            raise ValueError(f"width must be a multiple of 32 (heads of 32 or 64 dims), got {self.width}")
+
+
+@dataclass
+class BenchPair:
+    """A draft/target pair ready to benchmark."""
+
+    target_model: PreTrainedModel  # the large model
+    draft_model: PreTrainedModel  # the small model, same vocabulary and device
+    tokenizer: object | None  # the shared tokenizer (None for a random pair)
+    name: str  # "tiny", "random", ...: the pair actually used
+    description: str  # one line for the report
+    note: str | None = None  # why this is not the pair that was asked for, if it is not
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.target_model.parameters()).device
+
+
+def random_pair(shape: RandomPairShape = RandomPairShape(), *, device: str | torch.device = "cpu",
+                dtype: torch.dtype = torch.float32) -> BenchPair:
+    """Random-init Llama target and its truncated copy as the draft (see the module docstring)."""
+    heads = max(1, shape.width // 64)
+
+    def config(layers: int) -> LlamaConfig:
+        return LlamaConfig(vocab_size=shape.vocab, hidden_size=shape.width, intermediate_size=3 * shape.width,
+                           num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                           max_position_embeddings=shape.positions, initializer_range=shape.init_range,
+                           bos_token_id=0, eos_token_id=None, pad_token_id=0)
+
+    torch.manual_seed(shape.seed)
+    target = LlamaForCausalLM(config(shape.target_layers))
+    with torch.no_grad():
+        for layer in target.model.layers[shape.draft_layers:]:
+            layer.self_attn.o_proj.weight.mul_(shape.deep_layer_scale)
+            layer.mlp.down_proj.weight.mul_(shape.deep_layer_scale)
+    draft = LlamaForCausalLM(config(shape.draft_layers))
+    # The draft keeps the target's embeddings, first layers, final norm and head.
+    draft.load_state_dict(target.state_dict(), strict=False)
+    description = (f"random-init Llama pair: target {shape.target_layers} layers x {shape.width}, draft "
+                   f"{shape.draft_layers} layer(s) (the target's first, same embeddings and head), vocab "
+                   f"{shape.vocab}, deeper target layers scaled by {shape.deep_layer_scale}")
+    pair = BenchPair(target.to(device, dtype), draft.to(device, dtype), None, "random", description)
+    return _prepared(pair)
+
+
+def load_bench_pair(name: str = "tiny", *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                    shape: RandomPairShape = RandomPairShape(), fallback: bool = True) -> BenchPair:
+    """The pair called `name` ("random", or a name `specdec_ref.models.load_pair` knows).
+
+    Args:
+        name: "random" builds `random_pair(shape)`; anything else goes to `load_pair`.
+        device, dtype: where and in which precision the models run.
+        shape: the shapes of a random pair.
+        fallback: when "tiny" cannot be loaded (module or weights missing), use a
+            random pair instead and say so in `.note`, rather than raise.
+
+    Returns:
+        A `BenchPair` with EOS disabled in both models' generation configs.
+    """
+    if name == "random":
+        return random_pair(shape, device=device, dtype=dtype)
+    try:
+        models = importlib.import_module(".models", __package__)
+        target, draft, tokenizer = _unpack(models.load_pair(name, device=device, dtype=dtype))
+    except (ImportError, OSError) as error:
+        if name != "tiny" or not fallback:
+            raise
+        pair = random_pair(shape, device=device, dtype=dtype)
+        pair.note = (f"the embedded tiny pair is not available ({type(error).__name__}: {error}); "
+                     "using random-init models of its shapes instead")
+        return pair
+    sizes = f"{_count(target) / 1e6:.1f}M and {_count(draft) / 1e6:.1f}M parameters"
+    return _prepared(BenchPair(target.eval(), draft.eval(), tokenizer, name, f"the {name} pair ({sizes})"))
+
+
+def _unpack(result: object) -> tuple[PreTrainedModel, PreTrainedModel, object]:
+    """(target, draft, tokenizer) from what `load_pair` returns, named fields or a tuple."""
+    for target_key, draft_key in (("target_model", "draft_model"), ("target", "draft")):
+        if hasattr(result, target_key) and hasattr(result, draft_key):
+            return getattr(result, target_key), getattr(result, draft_key), getattr(result, "tokenizer", None)
+    items = list(result)  # a plain tuple: tell the models apart by size
+    found = [item for item in items if isinstance(item, PreTrainedModel)]
+    others = [item for item in items if not isinstance(item, PreTrainedModel)]
+    if len(found) != 2:
+        raise ValueError(f"load_pair returned {len(found)} models, expected a draft and a target")
+    draft, target = sorted(found, key=_count)
+    return target, draft, (others[0] if others else None)
+
+
+def _count(model: PreTrainedModel) -> int:
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
+def _prepared(pair: BenchPair) -> BenchPair:
+    """Switch off EOS (fair token counts) and set a pad id so `generate` does not warn."""
+    for model in (pair.target_model, pair.draft_model):
+        model.eval()
+        model.generation_config.eos_token_id = None
+        if model.generation_config.pad_token_id is None:
+            model.generation_config.pad_token_id = 0
+    return pair
+
+
+def bench_prompts(pair: BenchPair, num_prompts: int, *, prompt_tokens: int = 32,
+                  seed: int = 0) -> tuple[list[torch.Tensor], str]:
+    """A fixed prompt set for `pair`, each of shape (1, n) on the pair's device, and where it came from.
+
+    Held-out corpus prompts when the pair has a tokenizer and `specdec_ref.corpus` exists,
+    else the fixed `FALLBACK_PROMPTS` (tokenized), else random token ids (random pairs).
+    """
+    if num_prompts < 1:
+        raise ValueError(f"num_prompts must be >= 1, got {num_prompts!r}")
+    if pair.tokenizer is None:
+        generator = torch.Generator().manual_seed(seed)
+        vocab = vocab_size(pair.target_model)
+        lengths = torch.randint(prompt_tokens // 2, prompt_tokens + 1, (num_prompts,), generator=generator)
+        prompts = [torch.randint(1, vocab, (1, int(n)), generator=generator) for n in lengths]  # (1, n) each
+        source = "random token ids"
+    else:
+        try:
+            corpus = importlib.import_module(".corpus", __package__)
+            prompts = corpus.held_out_prompts(pair.tokenizer, num_prompts=num_prompts,
+                                              prompt_tokens=prompt_tokens, seed=seed)
+            source = "specdec_ref.corpus held-out prompts"
+        except (ImportError, AttributeError):
+            texts = [FALLBACK_PROMPTS[i % len(FALLBACK_PROMPTS)] for i in range(num_prompts)]
+            prompts = [pair.tokenizer(text, return_tensors="pt")["input_ids"][:, :prompt_tokens] for text in texts]
+            source = "fixed prompt list (specdec_ref.corpus unavailable)"
+    return [prompt.to(pair.device) for prompt in prompts], source
+
+
+@dataclass(frozen=True)
+class PassCosts:
+    """Measured relative costs of the pair's cached forward passes."""
+
+    cost_ratio: float  # c: draft 1-token pass / target 1-token pass
+    verify_cost: dict[int, float]  # v(K): target pass over K + 1 tokens / target 1-token pass
+    target_seconds: float  # median time of one target 1-token pass
+    context: int  # tokens already in the cache when timed
+
+
+def measure_costs(pair: BenchPair, *, context: int, max_k: int = 8, repeats: int = 20,
+                  warmup: int = 3) -> PassCosts:
+    """Time 1-token and (K + 1)-token cached passes at a cache of `context` tokens.
+
+    Args:
+        pair: the models to time.
+        context: tokens in the KV cache before the timed pass (>= 1).
+        max_k: v(K) is measured for K = 1..max_k.
+        repeats, warmup: passed to `timing.time_call` for each measurement.
+
+    Returns:
+        `PassCosts` with medians of `repeats` timings each.
+    """
+    if context < 1 or max_k < 1:
+        raise ValueError(f"context and max_k must be >= 1, got {context!r} and {max_k!r}")
+    limit = context_length(pair.target_model)
+    if limit is not None:
+        context = min(context, limit - max_k - 1)
+    generator = torch.Generator().manual_seed(0)
+    sequence = torch.randint(1, vocab_size(pair.target_model), (1, context + max_k + 1), generator=generator)
+    sequence = sequence.to(pair.device)  # (1, context + max_k + 1)
+
+    def pass_seconds(model: PreTrainedModel, num_tokens: int) -> float:
+        source = CachedForward(model)
+        source.last_logits(sequence[:, :context], 1)  # fills the cache with `context` tokens
+
+        def one_pass() -> None:
+            source.last_logits(sequence[:, : context + num_tokens], num_tokens)
+            source.rollback(context)
+
+        return time_call(one_pass, repeats=repeats, warmup=warmup, device=pair.device).median
+
+    target_one = pass_seconds(pair.target_model, 1)
+    cost_ratio = pass_seconds(pair.draft_model, 1) / target_one
+    verify_cost = {k: pass_seconds(pair.target_model, k + 1) / target_one for k in range(1, max_k + 1)}
+    return PassCosts(cost_ratio, verify_cost, target_one, context)

@@ -1,0 +1,184 @@
+"""speculative_generate reproduces the target: greedy token for token, sampling in law."""
+
+import itertools
+
+import pytest
+import torch
+from conftest import make_model, noisy_copy
+from scipy.stats import chisquare
+
+from specdec_ref import SamplingConfig, autoregressive_generate, speculative_generate
+from specdec_ref.kv_cache import FullForward
+from specdec_ref.sampling import logits_to_probs
+from specdec_ref.verification import target_distributions
+
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_greedy_matches_target_generate(close_pair, k, seed):
+    """Temperature 0: the same tokens as transformers' greedy generate, float32."""
+    target, draft = close_pair
+    prompt = torch.randint(2, 48, (1, 5), generator=torch.Generator().manual_seed(seed))
+    expected = target.generate(prompt, max_new_tokens=60, min_new_tokens=60, do_sample=False)
+    out = speculative_generate(target, draft, prompt, max_new_tokens=60, num_draft_tokens=k, sampling=GREEDY)
+    assert torch.equal(out.sequences, expected)
+    assert 0 < out.stats.accepted_tokens < out.stats.drafted_tokens  # both branches were exercised
+
+
+def test_autoregressive_baseline_matches_generate(close_pair):
+    """The baseline decoder is the target's own greedy decoding."""
+    target, _ = close_pair
+    prompt = torch.tensor([[3, 4, 5]])
+    expected = target.generate(prompt, max_new_tokens=40, min_new_tokens=40, do_sample=False)
+    assert torch.equal(autoregressive_generate(target, prompt, max_new_tokens=40, sampling=GREEDY).sequences, expected)
+
+
+def exact_joint_law(model, prompt, sampling, length, vocab):
+    """P(x_1 .. x_length | prompt) for every continuation, by enumeration."""
+    law = {}
+    source = FullForward(model)
+    for tokens in itertools.product(range(vocab), repeat=length):
+        sequence = torch.cat([prompt, torch.tensor([tokens])], dim=1)
+        probs = logits_to_probs(source.last_logits(sequence, length + 1)[:-1], sampling)  # (length, V)
+        law[tokens] = float(probs[torch.arange(length), torch.tensor(tokens)].prod())
+    return law
+
+
+def chi_square_against(law, samples):
+    """p-value of sampled continuations against an exact law (rare cells pooled);
+    0 if any sample has zero probability under the law."""
+    n = len(samples)
+    counts = {t: 0 for t in law}
+    for s in samples:
+        if law.get(s, 0) == 0:
+            return 0.0  # a continuation the target gives no mass at all
+        counts[s] += 1
+    common = [t for t in law if law[t] * n >= 5]
+    observed = [counts[t] for t in common] + [n - sum(counts[t] for t in common)]
+    expected = [law[t] * n for t in common] + [n * (1 - sum(law[t] for t in common))]
+    if expected[-1] < 1e-9:
+        observed, expected = observed[:-1], expected[:-1]
+    return chisquare(observed, expected, sum_check=False).pvalue
+
+
+@pytest.mark.parametrize(
+    "sampling, use_cache",
+    [
+        (SamplingConfig(1.0), True),
+        (SamplingConfig(1.0), False),
+        (SamplingConfig(0.7, top_k=3), True),
+        (SamplingConfig(1.0, top_p=0.8), True),
+    ],
+)
+def test_sampling_end_to_end_matches_target_law(sampling, use_cache):
+    """The joint law of the first 3 generated tokens equals the target's (chi-square)."""
+    vocab = 5
+    target = make_model("gpt2", layers=1, width=32, vocab=vocab, seed=7, init_range=0.5)
+    draft = noisy_copy(target, noise=0.8, seed=8)
+    prompt = torch.tensor([[1, 2]])
+    law = exact_joint_law(target, prompt, sampling, 3, vocab)
+    generator = torch.Generator().manual_seed(123)
+    samples, accepted = [], 0
+    for _ in range(3000):
+        out = speculative_generate(target, draft, prompt, max_new_tokens=3, num_draft_tokens=2,
+                                   sampling=sampling, generator=generator, use_cache=use_cache)
+        samples.append(tuple(out.sequences[0, 2:].tolist()))
+        accepted += out.stats.accepted_tokens
+    assert 0 < accepted < 3000 * 2  # acceptances and rejections both happened
+    assert chi_square_against(law, samples) > 1e-3
+
+
+def test_chi_square_rejects_the_draft_law():
+    """Power check: sampling the draft alone fails the same end-to-end test."""
+    vocab = 5
+    target = make_model("gpt2", layers=1, width=32, vocab=vocab, seed=7, init_range=0.5)
+    draft = noisy_copy(target, noise=0.8, seed=8)
+    prompt = torch.tensor([[1, 2]])
+    law = exact_joint_law(target, prompt, SamplingConfig(1.0), 3, vocab)
+    generator = torch.Generator().manual_seed(123)
+    samples = [tuple(autoregressive_generate(draft, prompt, max_new_tokens=3, generator=generator)
+                     .sequences[0, 2:].tolist()) for _ in range(3000)]
+    assert chi_square_against(law, samples) < 1e-6
+
+
+def test_one_pass_verification_matches_incremental_passes(pair):
+    """The K + 1 distributions of one pass equal K + 1 separate passes (float32)."""
+    target, _ = pair
+    prefix = torch.tensor([[5, 9, 2, 7]])
+    drafts = torch.tensor([11, 3, 30, 8])
+    sampling = SamplingConfig(0.9, top_k=20)
+    p = target_distributions(target, prefix, drafts, sampling)  # (K + 1, V)
+    assert p.shape == (5, 48)
+    for i in range(5):
+        sequence = torch.cat([prefix, drafts[:i].view(1, -1)], dim=1)
+        one = logits_to_probs(target(sequence).logits[0, -1], sampling)
+        assert torch.allclose(p[i], one, atol=1e-6)
+
+
+@pytest.mark.parametrize("max_new_tokens", [0, 1, 2, 5, 7, 13])
+@pytest.mark.parametrize("k", [1, 4])
+def test_exactly_max_new_tokens(close_pair, max_new_tokens, k):
+    """Never more, never fewer than max_new_tokens without an EOS."""
+    target, draft = close_pair
+    out = speculative_generate(target, draft, torch.tensor([[4, 5]]), max_new_tokens=max_new_tokens,
+                               num_draft_tokens=k, generator=torch.Generator().manual_seed(0))
+    assert out.sequences.shape == (1, 2 + max_new_tokens)
+    assert out.stats.new_tokens == max_new_tokens
+
+
+def test_stops_right_after_eos_inside_an_accepted_block():
+    """An EOS accepted in the middle of a draft block ends generation right after it."""
+    target = make_model("llama", layers=2, seed=1)
+    prompt = torch.tensor([[3, 4, 5]])
+    reference = target.generate(prompt, max_new_tokens=30, min_new_tokens=30, do_sample=False)[0, 3:].tolist()
+    # Pick an EOS id that first appears mid-way; a perfect draft accepts whole blocks of 5.
+    position = next(i for i in range(2, 30) if i % 6 not in (0, 5) and reference[i] not in reference[:i])
+    eos = reference[position]
+    out = speculative_generate(target, target, prompt, max_new_tokens=30, num_draft_tokens=5,
+                               sampling=GREEDY, eos_token_id=eos)
+    assert out.sequences[0, 3:].tolist() == reference[: position + 1]
+    last = out.trace[-1]
+    assert last.emitted[-1] == eos and len(last.emitted) <= last.num_accepted  # cut inside the accepted drafts
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"input_ids": torch.tensor([[1, 2], [3, 4]])}, "batch size"),
+        ({"input_ids": torch.empty(1, 0, dtype=torch.long)}, "empty"),
+        ({"input_ids": torch.tensor([1, 2])}, "shape"),
+        ({"num_draft_tokens": 0}, "num_draft_tokens"),
+        ({"max_new_tokens": -1}, "max_new_tokens"),
+        ({"max_new_tokens": 600}, "context length"),
+        ({"input_ids": torch.tensor([[1, 99]])}, "input_ids must hold token ids"),
+        ({"eos_token_id": -3}, "eos_token_id"),
+    ],
+)
+def test_bad_arguments_raise_value_errors(pair, change, match):
+    """Every malformed argument is named in a ValueError before any model runs."""
+    target, draft = pair
+    kwargs = {"input_ids": torch.tensor([[1, 2]]), "max_new_tokens": 4, "num_draft_tokens": 2, **change}
+    with pytest.raises(ValueError, match=match):
+        speculative_generate(target, draft, **kwargs)
+
+
+def test_mismatched_vocabularies_and_devices_are_refused():
+    """Different vocabularies, or models on different devices, raise ValueError."""
+    target = make_model("gpt2", vocab=48)
+    with pytest.raises(ValueError, match="vocabulary"):
+        speculative_generate(target, make_model("gpt2", vocab=40), torch.tensor([[1]]), max_new_tokens=2)
+    meta_draft = make_model("gpt2", vocab=48).to("meta")
+    with pytest.raises(ValueError, match="same device"):
+        speculative_generate(target, meta_draft, torch.tensor([[1]]), max_new_tokens=2)
+
+
+def test_temperature_errors_name_the_argument():
+    """Sampling settings are checked where they are made."""
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingConfig(temperature=-1)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingConfig(top_p=0)
+    with pytest.raises(ValueError, match="top_k"):
+        SamplingConfig(top_k=0)
