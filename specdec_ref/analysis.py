@@ -181,6 +181,23 @@ def alpha_from_trace(trace: Sequence[IterationRecord]) -> float:
     return accepted / tested if tested else float("nan")
 
 
+def alpha_from_block_efficiency(block_efficiency: float, k: int) -> float:
+    """The alpha whose E[tokens] at this K equals a measured block efficiency (inverse of `expected_tokens`).
+
+    Raises:
+        ValueError: unless 1 <= block_efficiency <= K + 1, the range E[tokens] can take.
+    """
+    _check_k("k", k, minimum=1)
+    if not 1 <= block_efficiency <= k + 1:
+        raise ValueError(f"block_efficiency must lie in [1, K + 1] = [1, {k + 1}], got {block_efficiency!r}")
+    # E[tokens] increases strictly with alpha on [0, 1]: bisect to float precision.
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if expected_tokens(middle, k) < block_efficiency else (low, middle)
+    return (low + high) / 2
+
+
 @dataclass(frozen=True)
 class SimulationResult:
     """Monte Carlo iterations of the independent-acceptance model."""
@@ -223,6 +240,7 @@ class SpeedupRow:
     predicted_tokens: float  # (1 - alpha^(K+1)) / (1 - alpha)
     block_efficiency: float  # measured tokens per target call (nan if absent)
     predicted_speedup: float  # E[tokens] / (K * c + v(K)) (nan without v(K) or alpha)
+    cost_model_speedup: float  # measured block efficiency / (K * c + v(K)): the cost model alone
     measured_speedup: float  # tokens/s of the arm / tokens/s of the baseline
 
 
@@ -235,29 +253,33 @@ def predicted_vs_measured(benchmark: Mapping | str | Path) -> list[SpeedupRow]:
     """Predicted and measured speedups of the benchmark's cached, fixed-K `specdec_ref` arms.
 
     Uses the report's measured `cost_ratio` and `verify_cost` table; arms without an
-    alpha, or whose K has no measured verification cost, get a nan prediction.
+    alpha, or whose K has no measured verification cost, get a nan prediction. Two
+    predictions separate the two halves of the model: `predicted_speedup` starts from
+    alpha, `cost_model_speedup` from the tokens per target call actually measured.
     """
     data = benchmark if isinstance(benchmark, Mapping) else load_benchmark(benchmark)
     cost_ratio = float(data["cost_ratio"])
     costs = {int(key): float(value) for key, value in (data.get("verify_cost") or {}).items()}
     rows = []
     for arm in data.get("arms", []):
-        if arm.get("impl") != "specdec_ref" or not isinstance(arm.get("k"), int) or not _is_cached(arm):
+        if arm.get("impl") != "specdec_ref" or not isinstance(arm.get("k"), int) or not _is_cached_fixed_k(arm):
             continue
-        k, alpha = arm["k"], arm.get("alpha")
-        alpha = float(alpha) if alpha is not None else float("nan")
-        known = not math.isnan(alpha) and k in costs
+        k = arm["k"]
+        alpha, efficiency, measured = (_number(arm.get(key)) for key in ("alpha", "block_efficiency", "speedup"))
         tokens = expected_tokens(alpha, k) if not math.isnan(alpha) else float("nan")
-        predicted = tokens / iteration_cost(k, cost_ratio, costs) if known else float("nan")
-        efficiency = arm.get("block_efficiency")
-        rows.append(SpeedupRow(str(arm.get("name", "")), str(arm.get("mode", "")), k, alpha, tokens,
-                               float(efficiency) if efficiency is not None else float("nan"), predicted,
-                               float(arm.get("speedup", float("nan")))))
+        cost = iteration_cost(k, cost_ratio, costs) if k in costs else float("nan")
+        rows.append(SpeedupRow(str(arm.get("name", "")), str(arm.get("mode", "")), k, alpha, tokens, efficiency,
+                               tokens / cost, efficiency / cost, measured))
     return rows
 
 
-def _is_cached(arm: Mapping) -> bool:
-    """False for arms marked as running without a KV cache (by a flag or by their name)."""
+def _number(value: object) -> float:
+    """A report field as a float; None (JSON null) becomes nan."""
+    return float(value) if value is not None else float("nan")
+
+
+def _is_cached_fixed_k(arm: Mapping) -> bool:
+    """False for arms with an adaptive schedule or marked as running without a KV cache."""
     for key in ("use_cache", "cache", "cached", "kv_cache"):
         if key in arm and arm[key] is False:
             return False

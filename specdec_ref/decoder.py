@@ -38,6 +38,7 @@ class GenerationStats:
     iterations: int = 0  # draft-verify rounds (decoding steps for the baseline)
     drafted_tokens: int = 0  # tokens proposed by the draft model
     accepted_tokens: int = 0  # drafted tokens the target accepted
+    judged_tokens: int = 0  # drafted tokens the target got to judge (none after a rejection)
     target_calls: int = 0  # forward passes of the target model
     draft_calls: int = 0  # forward passes of the draft model
 
@@ -45,6 +46,15 @@ class GenerationStats:
     def acceptance_rate(self) -> float:
         """alpha: accepted drafts / drafted tokens (nan when nothing was drafted)."""
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else float("nan")
+
+    @property
+    def per_token_acceptance(self) -> float:
+        """Estimate of the chance one draft is accepted: accepted / judged drafts.
+
+        Drafts after the first rejection in a block are never judged, so
+        `acceptance_rate` (accepted / drafted) underestimates it when K > 1.
+        """
+        return self.accepted_tokens / self.judged_tokens if self.judged_tokens else float("nan")
 
     @property
     def tokens_per_target_call(self) -> float:
@@ -167,6 +177,7 @@ def speculative_generate(
         stats.iterations += 1
         stats.drafted_tokens += k
         stats.accepted_tokens += record.num_accepted
+        stats.judged_tokens += record.num_accepted + (record.num_accepted < k)
         stats.new_tokens += len(record.emitted)
         trace.append(record)
         if hit_eos:

@@ -46,16 +46,23 @@ def _check_inputs(tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> Non
         raise ValueError(f"target_probs must have shape (K + 1, V) = ({k + 1}, V), got {tuple(p.shape)}")
     if q.shape != (k, p.size(1)):
         raise ValueError(f"draft_probs must have shape (K, V) = ({k}, {p.size(1)}), got {tuple(q.shape)}")
-    for name, probs in (("draft_probs", q), ("target_probs", p)):
-        if probs.numel() and not bool(torch.isfinite(probs).all()):
-            raise ValueError(f"{name} contains NaN or infinite values")
-        if probs.numel() and bool((probs < 0).any()):
-            raise ValueError(f"{name} contains negative probabilities")
-        if probs.numel() and not torch.allclose(probs.double().sum(-1), torch.ones(1, dtype=torch.float64), atol=1e-3):
-            raise ValueError(f"every row of {name} must sum to 1")
     if k and (int(tokens.min()) < 0 or int(tokens.max()) >= p.size(1)):
         raise ValueError(f"draft_tokens must lie in [0, {p.size(1)}), got {tokens.tolist()}")
-    if k and bool((q[torch.arange(k, device=q.device), tokens.to(q.device)] <= 0).any()):
+    # Every check as one flag, read back in a single device sync.
+    flags = []
+    for probs in (q, p):
+        flags += [~torch.isfinite(probs).all(), (probs < 0).any(), ((probs.sum(-1) - 1).abs() > 1e-3).any()]
+    flags.append((q[torch.arange(k, device=q.device), tokens.to(q.device)] <= 0).any())
+    nan_q, neg_q, sum_q, nan_p, neg_p, sum_p, zero_mass = torch.stack(flags).tolist()
+    for name, nan, negative, unnormalized in (("draft_probs", nan_q, neg_q, sum_q),
+                                              ("target_probs", nan_p, neg_p, sum_p)):
+        if nan:
+            raise ValueError(f"{name} contains NaN or infinite values")
+        if negative:
+            raise ValueError(f"{name} contains negative probabilities")
+        if unnormalized:
+            raise ValueError(f"every row of {name} must sum to 1")
+    if zero_mass:
         raise ValueError("draft_probs gives zero mass to a drafted token: it cannot have been sampled from q")
 
 

@@ -105,11 +105,14 @@ def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Ten
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Draw one token per row of `probs` (..., V) -> (...,), using only `generator`.
 
+    Inverse-CDF sampling: one uniform u per row picks the first token whose
+    cumulative mass exceeds u * total, so a token with zero mass is never drawn.
     Sampling happens on the generator's device, so a CPU generator gives the same
     draws whether the model runs on a CPU or a GPU.
     """
-    if generator is not None and probs.device != generator.device:
-        probs = probs.to(generator.device)
-    flat = probs.reshape(-1, probs.size(-1))
-    tokens = torch.multinomial(flat, 1, generator=generator)  # (N, 1)
-    return tokens.reshape(probs.shape[:-1])
+    device = generator.device if generator is not None else probs.device
+    cumulative = probs.to(device, torch.float64).cumsum(-1)  # (..., V)
+    total = cumulative[..., -1:]  # (..., 1)
+    u = torch.rand(total.shape, dtype=torch.float64, device=device, generator=generator)  # (..., 1)
+    tokens = torch.searchsorted(cumulative, u * total, right=True)  # (..., 1)
+    return tokens.clamp_(max=probs.size(-1) - 1).squeeze(-1)

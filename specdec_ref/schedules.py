@@ -74,8 +74,10 @@ class HeuristicDraftLength:
 class ModelBasedDraftLength:
     """Pick K from the measured acceptance rate and the draft/target cost ratio.
 
-    alpha is estimated with a prior of `prior_alpha` worth `prior_weight` drafted
-    tokens, so the first iterations do not swing K wildly.
+    alpha is estimated as accepted / judged drafts (those the target got to judge),
+    with older iterations weighted down by `memory` so the estimate follows the text,
+    and a prior of `prior_alpha` worth `prior_weight` drafts so the first iterations
+    do not swing K wildly.
     """
 
     cost_ratio: float  # c: draft pass time / target pass time, measured on the pair
@@ -83,9 +85,10 @@ class ModelBasedDraftLength:
     min_k: int = 1  # never draft fewer than this
     max_k: int = 12  # never draft more than this
     prior_alpha: float = 0.6  # assumed alpha before any evidence
-    prior_weight: float = 8.0  # how many drafted tokens the prior counts for
-    drafted: int = 0  # drafted tokens seen so far
-    accepted: int = 0  # accepted tokens seen so far
+    prior_weight: float = 8.0  # how many judged drafts the prior counts for
+    memory: float = 0.95  # share of past evidence kept per iteration (tracks a changing alpha)
+    judged: float = 0.0  # drafts the target judged, decayed by `memory` (none after a rejection)
+    accepted: float = 0.0  # accepted drafts, decayed by `memory`
 
     def __post_init__(self) -> None:
         _check_positive("min_k", self.min_k)
@@ -94,13 +97,15 @@ class ModelBasedDraftLength:
             raise ValueError(f"need min_k <= max_k, got {self.min_k} > {self.max_k}")
         if not self.cost_ratio >= 0:
             raise ValueError(f"cost_ratio must be >= 0, got {self.cost_ratio!r}")
+        if not 0 < self.memory <= 1:
+            raise ValueError(f"memory must lie in (0, 1], got {self.memory!r}")
         if not 0 <= self.prior_alpha < 1:
             raise ValueError(f"prior_alpha must lie in [0, 1), got {self.prior_alpha!r}")
 
     @property
     def alpha(self) -> float:
         """The current estimate of the acceptance rate."""
-        return (self.accepted + self.prior_alpha * self.prior_weight) / (self.drafted + self.prior_weight)
+        return (self.accepted + self.prior_alpha * self.prior_weight) / (self.judged + self.prior_weight)
 
     def next_k(self) -> int:
         from .analysis import optimal_draft_length
@@ -110,8 +115,9 @@ class ModelBasedDraftLength:
         )
 
     def update(self, num_drafted: int, num_accepted: int) -> None:
-        self.drafted += num_drafted
-        self.accepted += num_accepted
+        # Drafts after the first rejection were never judged: they say nothing about alpha.
+        self.judged = self.memory * self.judged + num_accepted + (num_accepted < num_drafted)
+        self.accepted = self.memory * self.accepted + num_accepted
 
 
 def _check_positive(name: str, value: object) -> None:
