@@ -265,7 +265,10 @@ def predicted_vs_measured(benchmark: Mapping | str | Path) -> list[SpeedupRow]:
         if arm.get("impl") != "specdec_ref" or not isinstance(arm.get("k"), int) or not _is_cached_fixed_k(arm):
             continue
         k = arm["k"]
-        alpha, efficiency, measured = (_number(arm.get(key)) for key in ("alpha", "block_efficiency", "speedup"))
+        # The model's alpha is the per-token acceptance (accepted / judged drafts); accepted /
+        # drafted undercounts it, since drafts after a rejection are never judged.
+        alpha_key = "alpha_per_token" if arm.get("alpha_per_token") is not None else "alpha"
+        alpha, efficiency, measured = (_number(arm.get(key)) for key in (alpha_key, "block_efficiency", "speedup"))
         tokens = expected_tokens(alpha, k) if not math.isnan(alpha) else float("nan")
         cost = iteration_cost(k, cost_ratio, costs) if k in costs else float("nan")
         rows.append(SpeedupRow(str(arm.get("name", "")), str(arm.get("mode", "")), k, alpha, tokens, efficiency,

@@ -21,7 +21,8 @@ EOS switched off, so their token counts, and in greedy mode their tokens, must a
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
@@ -89,6 +90,17 @@ def build_arms(modes: list[str], k_values: list[int], *, nocache_k: int = 4, mod
     return arms
 
 
+def assisted_defaults() -> dict:
+    """What "hf assisted default" means in the installed transformers (for the report)."""
+    from transformers import GenerationConfig
+    from transformers.utils import is_sklearn_available
+
+    defaults = getattr(GenerationConfig, "_get_default_generation_params", dict)()
+    keys = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+    # Without scikit-learn, transformers keeps the confidence threshold fixed instead of adapting it.
+    return {**{key: defaults.get(key) for key in keys}, "threshold_adapts": bool(is_sklearn_available())}
+
+
 class ForwardMeter:
     """Counts forward passes of named models and the seconds spent inside them."""
 
@@ -129,8 +141,6 @@ class ForwardMeter:
 
 
 def _now() -> float:
-    import time
-
     return time.perf_counter()
 
 
@@ -145,8 +155,8 @@ class RunRecord:
     draft_calls: int  # draft forward passes
     drafted: int | None  # drafted tokens (None: the arm drafts nothing)
     accepted: int | None  # accepted drafts
+    judged: int | None = None  # drafts the target judged (specdec_ref only; none after a rejection)
     iterations: int = 0  # draft-verify rounds (target passes for the transformers arms)
-    extra: dict = field(default_factory=dict)
 
 
 class ArmRunner:
@@ -170,6 +180,10 @@ class ArmRunner:
         def call() -> None:
             result["tokens"], result["stats"] = self._generate(arm, input_ids, seed)
 
+        if arm.impl == "transformers" and arm.speculative:
+            # In transformers 5.x the assistant reads K and its schedule from its own generation
+            # config (generate(num_assistant_tokens=...) is ignored); set it before the clock starts.
+            self.pair.draft_model.generation_config = self._assistant_config(arm)
         self.meter.reset()
         wall = time_call(call, repeats=1, warmup=0, device=self.pair.device).median
         tokens, stats = result["tokens"], result["stats"]
@@ -177,10 +191,11 @@ class ArmRunner:
             raise RuntimeError(f"arm {arm.name!r} ({arm.mode}) produced {len(tokens)} tokens, "
                                f"expected max_new_tokens={self.max_new_tokens}: is EOS really off?")
         calls, seconds = dict(self.meter.calls), sum(self.meter.seconds.values())
-        record = RunRecord(tokens, wall, seconds, calls["target"], calls["draft"], None, None, calls["target"])
+        record = RunRecord(tokens, wall, seconds, calls["target"], calls["draft"], None, None, iterations=calls["target"])
         if stats is not None:  # specdec_ref: exact counters from the decoder
             if arm.speculative:
                 record.drafted, record.accepted = stats.drafted_tokens, stats.accepted_tokens
+                record.judged = stats.judged_tokens
             record.iterations = stats.iterations
         elif arm.speculative:  # assisted generation: one target pass per round, one draft pass per draft
             record.drafted, record.accepted = calls["draft"], len(tokens) - calls["target"]
@@ -194,9 +209,6 @@ class ArmRunner:
             kwargs = {"max_new_tokens": self.max_new_tokens, "attention_mask": torch.ones_like(input_ids),
                       **arm.sampling.generate_kwargs()}
             if arm.speculative:
-                # In transformers 5.x the assistant reads K and its schedule from its own
-                # generation config (generate(num_assistant_tokens=...) is ignored).
-                draft.generation_config = self._assistant_config(arm)
                 kwargs["assistant_model"] = draft
             torch.manual_seed(seed)
             with torch.no_grad():

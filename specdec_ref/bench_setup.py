@@ -128,32 +128,28 @@ def load_bench_pair(name: str = "tiny", *, device: str | torch.device = "cpu", d
     """
     if name == "random":
         return random_pair(shape, device=device, dtype=dtype)
-    try:
-        models = importlib.import_module(".models", __package__)
-        target, draft, tokenizer = _unpack(models.load_pair(name, device=device, dtype=dtype))
-    except (ImportError, OSError) as error:
-        if name != "tiny" or not fallback:
-            raise
+    missing = _tiny_pair_missing() if name == "tiny" else None
+    if missing and fallback:
         pair = random_pair(shape, device=device, dtype=dtype)
-        pair.note = (f"the embedded tiny pair is not available ({type(error).__name__}: {error}); "
-                     "using random-init models of its shapes instead")
+        pair.note = f"the embedded tiny pair is not available ({missing}); using random-init models of its shapes"
         return pair
+    models = importlib.import_module(".models", __package__)
+    draft, target, tokenizer = models.load_pair(name, device=device, dtype=dtype)
     sizes = f"{_count(target) / 1e6:.1f}M and {_count(draft) / 1e6:.1f}M parameters"
     return _prepared(BenchPair(target.eval(), draft.eval(), tokenizer, name, f"the {name} pair ({sizes})"))
 
 
-def _unpack(result: object) -> tuple[PreTrainedModel, PreTrainedModel, object]:
-    """(target, draft, tokenizer) from what `load_pair` returns, named fields or a tuple."""
-    for target_key, draft_key in (("target_model", "draft_model"), ("target", "draft")):
-        if hasattr(result, target_key) and hasattr(result, draft_key):
-            return getattr(result, target_key), getattr(result, draft_key), getattr(result, "tokenizer", None)
-    items = list(result)  # a plain tuple: tell the models apart by size
-    found = [item for item in items if isinstance(item, PreTrainedModel)]
-    others = [item for item in items if not isinstance(item, PreTrainedModel)]
-    if len(found) != 2:
-        raise ValueError(f"load_pair returned {len(found)} models, expected a draft and a target")
-    draft, target = sorted(found, key=_count)
-    return target, draft, (others[0] if others else None)
+def _tiny_pair_missing() -> str | None:
+    """Why the embedded tiny pair cannot be loaded (None when it can)."""
+    try:
+        models = importlib.import_module(".models", __package__)
+    except ImportError as error:
+        return f"specdec_ref.models cannot be imported: {error}"
+    folder = models.TINY_DIR
+    for part in ("draft", "target"):
+        if not (folder / part / "config.json").is_file():
+            return f"{folder / part / 'config.json'} does not exist yet"
+    return None
 
 
 def _count(model: PreTrainedModel) -> int:
@@ -240,7 +236,12 @@ def measure_costs(pair: BenchPair, *, context: int, max_k: int = 8, repeats: int
 
         return time_call(one_pass, repeats=repeats, warmup=warmup, device=pair.device).median
 
+    # Each ratio divides two timings taken back to back, so a slow drift of a shared
+    # machine affects both about equally.
     target_one = pass_seconds(pair.target_model, 1)
     cost_ratio = pass_seconds(pair.draft_model, 1) / target_one
-    verify_cost = {k: pass_seconds(pair.target_model, k + 1) / target_one for k in range(1, max_k + 1)}
+    verify_cost = {}
+    for k in range(1, max_k + 1):
+        one = pass_seconds(pair.target_model, 1)
+        verify_cost[k] = pass_seconds(pair.target_model, k + 1) / one
     return PassCosts(cost_ratio, verify_cost, target_one, context)

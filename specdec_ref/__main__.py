@@ -1,0 +1,124 @@
+"""`python -m specdec_ref`: watch speculative decoding work on a small pair, then time it.
+
+The demo loads the embedded tiny pair (or, until it exists, random-init models of its
+shapes, and says so), runs the cached `speculative_generate` on one held-out prompt and
+prints every iteration: the K tokens the draft proposed, how many the target accepted,
+and the correction or bonus token it added. Then the counters, a check against the
+target's own greedy `generate`, and the measured speed against the target alone
+(`autoregressive_generate` with its KV cache, and `transformers`' `generate`), each
+timed after a warm-up, as the median of several runs.
+
+For the full comparison (assisted generation, every K, sampling modes, spreads) run
+`python -m specdec_ref.bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from .bench_setup import BenchPair, bench_prompts, load_bench_pair
+from .decoder import GenerationOutput, autoregressive_generate, speculative_generate
+from .sampling import SamplingConfig
+from .timing import time_call
+
+
+def _show(pair: BenchPair, tokens: list[int]) -> str:
+    """Tokens as text pieces when there is a tokenizer, else as ids."""
+    if pair.tokenizer is None:
+        return " ".join(str(t) for t in tokens)
+    return " ".join(repr(pair.tokenizer.decode([t])) for t in tokens)
+
+
+def print_trace(pair: BenchPair, output: GenerationOutput) -> None:
+    """One line per iteration: drafted, accepted, and the token the target added."""
+    for number, record in enumerate(output.trace, start=1):
+        k, accepted = len(record.drafted), record.num_accepted
+        added = record.emitted[accepted:]
+        kind = "bonus" if accepted == k else "correction"
+        print(f"{number:3d}. drafted {_show(pair, record.drafted)}")
+        print(f"     accepted {accepted}/{k}, then {kind}: {_show(pair, added)}")
+
+
+def print_stats(output: GenerationOutput) -> None:
+    stats = output.stats
+    print(f"\nnew tokens {stats.new_tokens} in {stats.iterations} iterations; drafted {stats.drafted_tokens}, "
+          f"accepted {stats.accepted_tokens} (alpha = {stats.acceptance_rate:.2f})")
+    print(f"target passes {stats.target_calls} ({stats.tokens_per_target_call:.2f} tokens per pass), "
+          f"draft passes {stats.draft_calls}")
+
+
+def time_against_target(pair: BenchPair, prompt: torch.Tensor, *, max_new_tokens: int, k: int,
+                        sampling: SamplingConfig, repeats: int, seed: int) -> dict[str, float]:
+    """Tokens per second of the speculative decoder and of the target alone (median of `repeats`)."""
+    target, draft = pair.target_model, pair.draft_model
+
+    def generator() -> torch.Generator:
+        return torch.Generator(device=pair.device).manual_seed(seed)
+
+    calls = {
+        f"specdec_ref speculative (K={k}, KV cache)": lambda: speculative_generate(
+            target, draft, prompt, max_new_tokens=max_new_tokens, num_draft_tokens=k, sampling=sampling,
+            generator=generator()),
+        "target alone, specdec_ref (KV cache)": lambda: autoregressive_generate(
+            target, prompt, max_new_tokens=max_new_tokens, sampling=sampling, generator=generator()),
+        "target alone, transformers generate": lambda: target.generate(
+            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
+            **sampling.generate_kwargs()),
+    }
+    with torch.no_grad():
+        return {name: max_new_tokens / time_call(fn, repeats=repeats, warmup=1, device=pair.device).median
+                for name, fn in calls.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m specdec_ref", description=__doc__.splitlines()[0])
+    parser.add_argument("--pair", default="tiny", help="tiny (default; random-init models until it exists) or random")
+    parser.add_argument("--k", type=int, default=4, help="tokens drafted per iteration (default 4)")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per method (default 5)")
+    parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    sampling = SamplingConfig(temperature=args.temperature)
+
+    pair = load_bench_pair(args.pair, device=device)
+    print(f"pair: {pair.description}")
+    if pair.note:
+        print(f"NOTE: {pair.note}")
+    [prompt], source = bench_prompts(pair, 1, prompt_tokens=24, seed=args.seed)
+    print(f"prompt ({source}, {prompt.size(1)} tokens): {_show(pair, prompt[0].tolist())}")
+    print(f"speculative decoding, K = {args.k}, {sampling}, KV cache on, {args.max_new_tokens} new tokens\n")
+
+    generator = torch.Generator(device=pair.device).manual_seed(args.seed)
+    output = speculative_generate(pair.target_model, pair.draft_model, prompt, max_new_tokens=args.max_new_tokens,
+                                  num_draft_tokens=args.k, sampling=sampling, generator=generator)
+    print_trace(pair, output)
+    new = output.sequences[0, prompt.size(1):]
+    if pair.tokenizer is not None:
+        print(f"\ncontinuation: {pair.tokenizer.decode(new)!r}")
+    print_stats(output)
+    if sampling.greedy:
+        with torch.no_grad():
+            reference = pair.target_model.generate(prompt, attention_mask=torch.ones_like(prompt),
+                                                   max_new_tokens=args.max_new_tokens, **sampling.generate_kwargs())
+        same = torch.equal(reference.cpu(), output.sequences.cpu())
+        print(f"identical to the target's own greedy generate: {'yes' if same else 'NO'}")
+
+    print(f"\nspeed, {args.max_new_tokens} new tokens, median of {args.repeats} runs after a warm-up:")
+    rates = time_against_target(pair, prompt, max_new_tokens=args.max_new_tokens, k=args.k, sampling=sampling,
+                                repeats=args.repeats, seed=args.seed)
+    ours, *alone = rates
+    print(f"  {ours:<42} {rates[ours]:8.1f} tokens/s")
+    for name in alone:
+        print(f"  {name:<42} {rates[name]:8.1f} tokens/s   speculative speedup: {rates[ours] / rates[name]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
