@@ -191,7 +191,8 @@ class ArmRunner:
             raise RuntimeError(f"arm {arm.name!r} ({arm.mode}) produced {len(tokens)} tokens, "
                                f"expected max_new_tokens={self.max_new_tokens}: is EOS really off?")
         calls, seconds = dict(self.meter.calls), sum(self.meter.seconds.values())
-        record = RunRecord(tokens, wall, seconds, calls["target"], calls["draft"], None, None, iterations=calls["target"])
+        record = RunRecord(tokens, wall, seconds, calls["target"], calls["draft"], None, None,
+                           iterations=calls["target"])
         if stats is not None:  # specdec_ref: exact counters from the decoder
             if arm.speculative:
                 record.drafted, record.accepted = stats.drafted_tokens, stats.accepted_tokens
