@@ -8,6 +8,10 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 VOCAB = 48
 
+# Tiny models gain nothing from intra-op threads, and spinning OpenMP threads slow
+# everything down badly when another process holds a core: one thread is faster here.
+torch.set_num_threads(1)
+
 
 def make_model(family: str, *, layers: int = 2, width: int = 64, vocab: int = VOCAB, seed: int = 0,
                positions: int = 512, init_range: float = 0.2):
