@@ -83,6 +83,9 @@ def chi_square_pvalues(counts, p):
         support = p[i] > 0
         assert counts[i][~support].sum() == 0, f"position {i} emitted a token p gives no mass"
         observed = counts[i][support]
+        if observed.numel() == 1:  # a single allowed token: the support check above is the test
+            pvalues.append(1.0)
+            continue
         expected = p[i][support].double() / p[i][support].double().sum() * observed.sum()
         pvalues.append(chisquare(observed.double().numpy(), expected.numpy(), sum_check=False).pvalue)
     return pvalues
