@@ -8,7 +8,7 @@
 writes the same values into each notebook under `notebooks/`:
 
 * the badge: a line in the first (title) cell, linking to the notebook on Colab. The
-  image is an inline SVG, so it shows offline and in the built book without a CDN;
+  image (book/images/colab-badge.png) is inlined, so it shows offline and anywhere;
 * the set-up cell (tagged `colab-setup`, the first code cell): on Colab only, it
   installs the package from the repository; then it picks and loads the model pair.
 
@@ -31,14 +31,9 @@ SETUP_TAG = "colab-setup"
 BADGE_ALT = "Open in Colab"
 COLAB = "https://colab.research.google.com"
 
-# A plain two-part badge ("open in | Colab"), drawn here rather than fetched.
-BADGE_SVG = (
-    '<svg xmlns="http://www.w3.org/2000/svg" width="118" height="20" role="img" aria-label="Open in Colab">'
-    '<rect width="118" height="20" rx="3" fill="#555"/>'
-    '<rect x="62" width="56" height="20" rx="3" fill="#e8710a"/><rect x="62" width="6" height="20" fill="#e8710a"/>'
-    '<g fill="#fff" font-family="Verdana,DejaVu Sans,sans-serif" font-size="11" text-anchor="middle">'
-    '<text x="31" y="14">open in</text><text x="90" y="14">Colab</text></g></svg>'
-)
+# The badge image, embedded as a data URI so that it shows offline, in the built book
+# and on Colab without fetching anything (Markdown renderers accept PNG data URIs, not SVG).
+BADGE_PNG = ROOT / "book" / "images" / "colab-badge.png"
 
 
 def repository(config_path: Path = ROOT / "_config.yml") -> tuple[str, str]:
@@ -55,7 +50,7 @@ def badge_line(notebook: Path, url: str, branch: str) -> str:
     """The markdown badge that opens `notebook` on Colab."""
     github_path = url.removeprefix("https://github.com/")
     link = f"{COLAB}/github/{github_path}/blob/{branch}/{notebook.relative_to(ROOT).as_posix()}"
-    image = "data:image/svg+xml;base64," + base64.b64encode(BADGE_SVG.encode()).decode()
+    image = "data:image/png;base64," + base64.b64encode(BADGE_PNG.read_bytes()).decode()
     return f"[![{BADGE_ALT}]({image})]({link})"
 
 
@@ -122,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         notebook = json.loads(path.read_text())
         expected = expected_cells(path, notebook["cells"], url, branch)
-        same = all(_normalise(a["source"]) == _normalise(b["source"]) for a, b in zip(notebook["cells"], expected))
+        pairs = zip(notebook["cells"], expected, strict=True)
+        same = all(_normalise(a["source"]) == _normalise(b["source"]) for a, b in pairs)
         if same:
             continue
         stale.append(path.relative_to(ROOT).as_posix())

@@ -1,0 +1,290 @@
+"""Open every page of the built book in headless Chromium and check what a reader sees.
+
+    python scripts/browser_check.py [--build _build/html] [--allow-network]
+
+The pages are served from a local HTTP server and loaded in Chromium through the
+DevTools protocol. After MathJax has typeset a page and the widget manager has had
+its turn, the script asks the page itself and fails when:
+
+* TeX is left unrendered: a `.math` element without MathJax output, or `$...$`,
+  `\\(`, `\\[`, `\\begin{` in the visible text outside code; or Markdown / MyST
+  is (an image `![...](...)`, a `:::` fence, a `{cite}` role);
+* an image is missing: not loaded, or loaded with no pixels;
+* a notebook page lacks its Colab button (the launch link in the page header);
+* a widget placeholder was not rendered into a widget;
+* the page threw an uncaught JavaScript exception.
+
+When `_static_offline/manifest.json` exists (`make static` ran), every request that
+leaves the local server is refused, as on a machine with no network, and each one is
+reported: the book must render offline. `--allow-network` (and the CDN fallback,
+without that folder) lets such requests through.
+
+No Chromium on the machine: the script says so and exits 0 (install it with `make
+setup` where apt is available). Needs `websocket-client` (installed with Jupyter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parent.parent
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--disable-dev-shm-usage", "--remote-allow-origins=*", "--remote-debugging-port=0",
+]
+PAGE_TIMEOUT_S = 30.0
+
+# Runs inside each page once it has loaded; returns a JSON report.
+PAGE_REPORT_JS = r"""
+(async () => {
+  const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) { await MathJax.startup.promise; }
+  // The widget manager renders on the load event, asynchronously: give it up to 15 s.
+  const placeholders = () => [...document.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]')];
+  const rendered = (s) => { const d = s.previousElementSibling;
+    return !!d && d.classList.contains('widget-subarea') && d.children.length > 0; };
+  for (let i = 0; i < 150 && !placeholders().every(rendered); i++) { await sleep(100); }
+  await sleep(200);
+  const skip = (el) => el.closest('pre, code, script, style, mjx-container, .highlight, .output, textarea');
+  const walker = document.createTreeWalker(document.querySelector('main') || document.body, NodeFilter.SHOW_TEXT);
+  const rawTex = [], rawMarkdown = [];
+  const pattern = /\$[^$\s][^$]*\$|\\\(|\\\[|\\begin\{|\$\$/;
+  const markdown = /!\[[^\]]*\]\(|^\s*:::|\{(cite|doc|ref|eq)\}`/;
+  while (walker.nextNode()) {
+    const node = walker.currentNode;
+    if (!node.parentElement || skip(node.parentElement)) { continue; }
+    if (pattern.test(node.textContent)) { rawTex.push(node.textContent.trim().slice(0, 80)); }
+    if (markdown.test(node.textContent)) { rawMarkdown.push(node.textContent.trim().slice(0, 80)); }
+  }
+  const math = [...document.querySelectorAll('.math')];
+  const untypeset = math.filter((m) => !m.querySelector('mjx-container')).map((m) => m.textContent.trim().slice(0, 80));
+  const images = [...document.images];
+  const broken = images.filter((i) => !i.complete || i.naturalWidth === 0).map((i) => i.src.slice(0, 120));
+  const launch = 'a[href^="https://colab.research.google.com/github/"]';
+  const header = document.querySelectorAll(`.article-header-buttons ${launch}, .header-article ${launch}`);
+  const colab = [...header].map((a) => a.href);
+  return JSON.stringify({
+    title: document.title, math: math.length, untypeset, rawTex, rawMarkdown, images: images.length, broken, colab,
+    widgets: placeholders().length, unrenderedWidgets: placeholders().filter((s) => !rendered(s)).length,
+    mathjax: !!(window.MathJax && MathJax.version),
+  });
+})()
+"""
+
+
+class Chromium:
+    """A headless Chromium driven over the DevTools protocol (one tab)."""
+
+    def __init__(self, binary: str, allow_network: bool, local_host: str) -> None:
+        import websocket  # websocket-client, a Jupyter dependency
+
+        self.profile = tempfile.mkdtemp(prefix="browser-check-")
+        # Chromium's own temporary files go into the profile too, removed with it on close.
+        self.process = subprocess.Popen([binary, *CHROMIUM_FLAGS, f"--user-data-dir={self.profile}", "about:blank"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        env={**os.environ, "TMPDIR": self.profile})
+        port = self._devtools_port()
+        tabs = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10))
+        page = next(t for t in tabs if t["type"] == "page")
+        self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=PAGE_TIMEOUT_S,
+                                             suppress_origin=True)
+        self.next_id = 0
+        self.allow_network = allow_network
+        self.local_host = local_host
+        self.events: list[dict] = []
+        self.refused: list[str] = []
+        self.exceptions: list[str] = []
+        self.call("Page.enable")
+        self.call("Runtime.enable")
+        # Intercept every request: local ones go through, others are refused unless allowed.
+        self.call("Fetch.enable", {"patterns": [{"urlPattern": "*"}]})
+
+    def _devtools_port(self) -> int:
+        marker = Path(self.profile) / "DevToolsActivePort"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if marker.is_file() and marker.read_text().strip():
+                return int(marker.read_text().split()[0])
+            if self.process.poll() is not None:
+                raise RuntimeError(f"Chromium exited with status {self.process.returncode} before it started")
+            time.sleep(0.1)
+        raise RuntimeError("Chromium did not open its DevTools port within 30 s")
+
+    def send(self, method: str, params: dict | None = None) -> int:
+        self.next_id += 1
+        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params or {}}))
+        return self.next_id
+
+    def call(self, method: str, params: dict | None = None) -> dict:
+        """Send a command and pump events until its answer arrives."""
+        wanted = self.send(method, params)
+        while True:
+            message = self.pump()
+            if message.get("id") == wanted:
+                if "error" in message:
+                    raise RuntimeError(f"{method}: {message['error']}")
+                return message.get("result", {})
+
+    def pump(self) -> dict:
+        """Read one message; answer paused requests and record exceptions on the way."""
+        message = json.loads(self.ws.recv())
+        method = message.get("method")
+        if method == "Fetch.requestPaused":
+            request_id, url = message["params"]["requestId"], message["params"]["request"]["url"]
+            host = urlparse(url).hostname
+            if self.allow_network or host == self.local_host or urlparse(url).scheme in ("data", "blob"):
+                self.send("Fetch.continueRequest", {"requestId": request_id})
+            else:
+                self.refused.append(url)
+                self.send("Fetch.failRequest", {"requestId": request_id, "errorReason": "InternetDisconnected"})
+        elif method == "Runtime.exceptionThrown":
+            details = message["params"]["exceptionDetails"]
+            text = details.get("exception", {}).get("description") or details.get("text", "")
+            self.exceptions.append(text.splitlines()[0][:160] if text else "(no description)")
+        elif method:
+            self.events.append(message)
+        return message
+
+    def open(self, url: str) -> dict:
+        """Load `url`, wait for its load event, and return the page's report."""
+        self.events.clear()
+        self.refused.clear()
+        self.exceptions.clear()
+        self.call("Page.navigate", {"url": url})
+        deadline = time.monotonic() + PAGE_TIMEOUT_S
+        while not any(e.get("method") == "Page.loadEventFired" for e in self.events):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url} did not finish loading within {PAGE_TIMEOUT_S:.0f} s")
+            self.pump()
+        result = self.call("Runtime.evaluate", {"expression": PAGE_REPORT_JS, "awaitPromise": True,
+                                                "returnByValue": True, "timeout": PAGE_TIMEOUT_S * 1000})
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"{url}: the page report failed: {result['exceptionDetails']}")
+        report = json.loads(result["result"]["value"])
+        report["refused"] = list(dict.fromkeys(self.refused))
+        report["exceptions"] = list(self.exceptions)
+        return report
+
+    def close(self) -> None:
+        try:
+            self.ws.close()
+        finally:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+            shutil.rmtree(self.profile, ignore_errors=True)
+
+
+def serve(folder: Path) -> tuple[http.server.ThreadingHTTPServer, int]:
+    """Serve `folder` on 127.0.0.1 at a free port, in a background thread."""
+    handler = functools.partial(QuietHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+def book_pages(build: Path) -> list[tuple[str, bool]]:
+    """(page path, is a notebook page) for every HTML page of the book, redirects left out."""
+    pages = []
+    for path in sorted(build.rglob("*.html")):
+        relative = path.relative_to(build).as_posix()
+        if relative.split("/")[0] in {"_static", "_sources", "_images"}:
+            continue
+        if 'http-equiv="Refresh"' in path.read_text(errors="replace")[:2000]:
+            continue  # index.html only redirects to the root page
+        notebook = (build / "_sources" / relative).with_suffix(".ipynb").is_file()
+        pages.append((relative, notebook))
+    return pages
+
+
+def problems(page: str, notebook: bool, report: dict, offline: bool) -> list[str]:
+    """What is wrong with one page's report (empty: the page is fine)."""
+    found = []
+    if report["untypeset"]:
+        found.append(f"{len(report['untypeset'])} math elements not typeset, e.g. {report['untypeset'][0]!r}")
+    if report["rawTex"]:
+        found.append(f"raw TeX in the text, e.g. {report['rawTex'][0]!r}")
+    if report["rawMarkdown"]:
+        found.append(f"Markdown left unrendered, e.g. {report['rawMarkdown'][0]!r}")
+    if report["math"] and not report["mathjax"]:
+        found.append("MathJax did not load")
+    if report["broken"]:
+        found.append(f"{len(report['broken'])} missing images, e.g. {report['broken'][0]}")
+    if notebook and not any(link.endswith(page.removesuffix(".html") + ".ipynb") for link in report["colab"]):
+        found.append("no Colab launch button in the page header")
+    if report["unrenderedWidgets"]:
+        found.append(f"{report['unrenderedWidgets']} of {report['widgets']} widgets not rendered")
+    if report["exceptions"]:
+        found.append(f"JavaScript exception: {report['exceptions'][0]}")
+    if offline and report["refused"]:
+        found.append(f"{len(report['refused'])} requests left the machine, e.g. {report['refused'][0]}")
+    return found
+
+
+def find_browser() -> str | None:
+    """The first Chromium-like browser on PATH (or $CHROMIUM)."""
+    candidates = [os.environ.get("CHROMIUM", ""), *BROWSERS]
+    return next((shutil.which(c) for c in candidates if c and shutil.which(c)), None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", type=Path, default=ROOT / "_build" / "html", help="the built HTML book")
+    parser.add_argument("--allow-network", action="store_true", help="let pages reach the network (CDN fallback)")
+    args = parser.parse_args(argv)
+
+    browser = find_browser()
+    if browser is None:
+        print("browser check: skipped, no Chromium on this machine (`make setup` installs it where apt exists)")
+        return 0
+    if not (args.build / "index.html").is_file():
+        print(f"browser check: no built book at {args.build} (run `make book` first)", file=sys.stderr)
+        return 1
+    offline = (ROOT / "_static_offline" / "manifest.json").is_file() and not args.allow_network
+    pages = book_pages(args.build)
+    server, port = serve(args.build)
+    chromium = Chromium(browser, allow_network=not offline, local_host="127.0.0.1")
+    failures = 0
+    start = time.monotonic()
+    try:
+        for page, notebook in pages:
+            report = chromium.open(f"http://127.0.0.1:{port}/{page}")
+            found = problems(page, notebook, report, offline)
+            failures += bool(found)
+            summary = (f"{report['math']} math, {report['images']} images, {report['widgets']} widgets"
+                       + (", Colab button" if report["colab"] else ""))
+            print(f"{'FAIL' if found else 'ok  '} {page}: {summary}")
+            for problem in found:
+                print(f"       - {problem}")
+    finally:
+        chromium.close()
+        server.shutdown()
+    mode = "offline" if offline else "network allowed"
+    print(f"browser check: {len(pages)} pages, {failures} failing ({mode}, {time.monotonic() - start:.0f} s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
