@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_INDEX ?=
 PIP_TORCH_FLAGS := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 
-.PHONY: setup demo test lint clean book static nbval browser-check chromium
+.PHONY: setup demo bench execute test lint clean book static nbval browser-check chromium
 
 # A preinstalled torch (Colab, a CUDA machine) is kept: the venv then sees the system
 # site-packages. Otherwise the CPU build pinned in constraints/cpu.txt is installed.
@@ -24,6 +24,15 @@ $(VENV)/.installed: pyproject.toml constraints/cpu.txt
 
 demo: setup
 	$(BIN)/python -m specdec_ref
+
+# The fair benchmark against transformers (writes bench-results/bench-<pair>.json).
+bench: setup
+	$(BIN)/python -m specdec_ref.bench
+
+# Re-run every notebook top to bottom on the CPU with the tiny pair, outputs saved in place
+# (one torch thread, as the chapters set; run on a quiet machine).
+execute: setup
+	SPECDEC_PAIR=tiny $(BIN)/jupyter nbconvert --to notebook --execute --inplace notebooks/*.ipynb
 
 # Lint, unit tests, notebook outputs against a fresh run, the book with warnings as
 # errors, and every built page in a real browser.
