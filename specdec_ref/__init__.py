@@ -8,6 +8,7 @@ One module per chapter of the book:
 * `rejection` (chapter 4): accept / reject so the output is distributed as p
 * `kv_cache` (chapter 5): both models' caches, rolled back after rejections
 * `decoder`: the assembled loop, `speculative_generate`, and the baseline
+* `models`: `load_pair("tiny" | "gpt2" | "qwen2.5")`, the embedded tiny pair and real ones
 """
 
 from .decoder import (
@@ -17,6 +18,7 @@ from .decoder import (
     autoregressive_generate,
     speculative_generate,
 )
+from .models import load_pair
 from .rejection import accept_reject, emission_distribution, residual_distribution
 from .sampling import SamplingConfig, logits_to_probs
 from .schedules import FixedDraftLength, HeuristicDraftLength, ModelBasedDraftLength
@@ -32,6 +34,7 @@ __all__ = [
     "accept_reject",
     "autoregressive_generate",
     "emission_distribution",
+    "load_pair",
     "logits_to_probs",
     "residual_distribution",
     "speculative_generate",

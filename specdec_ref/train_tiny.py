@@ -12,7 +12,7 @@ well under an hour on 2 CPU cores otherwise:
    acceptance is sum_x min(p(x), q(x)) = 1 - TV(p, q): a draft that imitates the target
    is worth more than one that models the text on its own;
 4. both saved in float16 safetensors, reloaded the way `load_pair` loads them, and
-   measured (`evaluate_tiny`): held-out perplexity, acceptance rates with
+   measured (`tiny_eval`): held-out perplexity, acceptance rates with
    `speculative_generate`, per-token latencies; the numbers go to `metrics.json` and
    the model card `README.md`.
 
@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 from .corpus import CorpusConfig, load_corpus
+from .tiny_eval import evaluate_tiny, write_card
 
 EOS = "<|endoftext|>"
 DEFAULT_OUT = Path(__file__).resolve().parent / "pairs" / "tiny"
@@ -66,8 +67,8 @@ class TrainConfig:
     target: ModelShape = ModelShape(layers=7, width=384, heads=6, kv_heads=2, ffn=1024)
     draft: ModelShape = ModelShape(layers=1, width=256, heads=4, kv_heads=4, ffn=768)
     target_steps: int = 1600  # optimizer steps for the target
-    draft_steps: int = 1200  # optimizer steps for the draft
-    target_lr: float = 1e-3  # peak learning rate (linear warm-up, cosine decay to 10%)
+    draft_steps: int = 800  # optimizer steps for the draft
+    target_lr: float = 1.5e-3  # peak learning rate (linear warm-up, cosine decay to 10%)
     draft_lr: float = 3e-3
     warmup_steps: int = 100
     weight_decay: float = 0.1  # on matrices only
@@ -99,8 +100,8 @@ def encode(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> torch.Tensor
     """All texts as one stream of token ids, each document followed by EOS: (N,)."""
     eos = tokenizer.eos_token_id
     ids: list[int] = []
-    for row in tokenizer(texts, add_special_tokens=False)["input_ids"]:
-        ids.extend(row)
+    for encoding in tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False):
+        ids.extend(encoding.ids)
         ids.append(eos)
     return torch.tensor(ids, dtype=torch.long)  # (N,)
 
@@ -187,156 +188,23 @@ def train_model(
 
 
 def save_half(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, folder: Path) -> None:
-    """Save a float16 copy of `model` (safetensors) and the tokenizer into `folder`."""
+    """Save a float16 copy of `model` (safetensors) and the tokenizer into `folder`.
+
+    The config declares float32, so a plain `from_pretrained(folder)` computes in float32.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     half = type(model)(model.config)
     half.load_state_dict(model.state_dict())
     half.to(torch.float16).save_pretrained(folder, safe_serialization=True)
+    # Stored in float16, loaded in float32 by default: CPUs compute float32 faster and exactly.
+    config_file = folder / "config.json"
+    config_file.write_text(config_file.read_text().replace('"dtype": "float16"', '"dtype": "float32"'))
     tokenizer.save_pretrained(folder)
 
 
 def num_params(model: PreTrainedModel) -> int:
     """Distinct parameters (tied embeddings counted once)."""
     return sum(p.numel() for p in model.parameters())
-
-
-@torch.no_grad()
-def perplexity(model: PreTrainedModel, ids: torch.Tensor, context: int) -> float:
-    """exp(mean next-token loss) over consecutive windows of `ids` (N,)."""
-    total, count = 0.0, 0
-    for start in range(0, ids.numel() - 1, context):
-        window = ids[start : start + context + 1][None]  # (1, <= T + 1)
-        if window.size(1) < 2:
-            break
-        logits = model(window[:, :-1]).logits[0]  # (T, V)
-        total += F.cross_entropy(logits.float(), window[0, 1:], reduction="sum").item()
-        count += window.size(1) - 1
-    return math.exp(total / count)
-
-
-def per_token_seconds(model: PreTrainedModel, ids: torch.Tensor, new: int = 1) -> float:
-    """Median seconds of one cached forward pass over `new` tokens after the prefix `ids` (1, n)."""
-    from transformers import DynamicCache
-
-    from .timing import time_call
-
-    with torch.no_grad():
-        cache = DynamicCache(config=model.config)
-        model(ids[:, :-new], cache=cache, use_cache=True)
-        position_ids = torch.arange(ids.size(1) - new, ids.size(1))[None]  # (1, new)
-
-        def step() -> None:
-            model(ids[:, -new:], cache=cache, use_cache=True, position_ids=position_ids, logits_to_keep=new)
-            cache.crop(-new)
-
-        return time_call(step, repeats=50, warmup=5).median
-
-
-def evaluate_tiny(out: Path, held_out_ids: torch.Tensor, config: TrainConfig) -> dict:
-    """Measure the saved pair as `load_pair` returns it (float32, CPU) on held-out text."""
-    from .corpus import held_out_prompts
-    from .decoder import autoregressive_generate, speculative_generate
-    from .models import load_pair_from_folder
-    from .sampling import SamplingConfig
-
-    draft, target, tokenizer = load_pair_from_folder(out, device="cpu", dtype=torch.float32)
-    ids = held_out_ids[: config.eval_tokens]  # (n_eval,)
-    metrics: dict = {"perplexity": {"target": perplexity(target, ids, config.context),
-                                    "draft": perplexity(draft, ids, config.context), "tokens": ids.numel()}}
-    # Acceptance with the package's own decoder, K = 4, on prompts the models never saw.
-    prompts = held_out_prompts(tokenizer, num_prompts=config.num_prompts, prompt_tokens=32, config=config.corpus)
-    acceptance, generator = {}, torch.Generator().manual_seed(config.seed)
-    for label, sampling in (("greedy", SamplingConfig(temperature=0.0)), ("temperature_1", SamplingConfig())):
-        drafted = accepted = emitted = calls = matches = 0
-        for prompt in prompts:
-            result = speculative_generate(target, draft, prompt, max_new_tokens=config.new_tokens,
-                                          num_draft_tokens=4, sampling=sampling, generator=generator)
-            drafted, accepted = drafted + result.stats.drafted_tokens, accepted + result.stats.accepted_tokens
-            emitted, calls = emitted + result.stats.new_tokens, calls + result.stats.target_calls
-            if sampling.greedy:
-                baseline = autoregressive_generate(target, prompt, max_new_tokens=config.new_tokens, sampling=sampling)
-                matches += int(torch.equal(baseline.sequences, result.sequences))
-        acceptance[label] = {"alpha": accepted / drafted, "tokens_per_target_call": emitted / calls}
-        if sampling.greedy:
-            acceptance[label]["matches_target_greedy"] = f"{matches}/{len(prompts)}"
-    metrics["acceptance"] = {"num_draft_tokens": 4, "prompts": len(prompts), "prompt_tokens": 32,
-                             "new_tokens": config.new_tokens, **acceptance}
-    # Latencies: batch 1, KV cache, a 128-token prefix, one thread (small models are overhead-bound).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    prefix = held_out_ids[: min(128, config.context - 8)][None]  # (1, n)
-    latency = {"draft_1_token": per_token_seconds(draft, prefix) * 1e3,
-               "target_1_token": per_token_seconds(target, prefix) * 1e3,
-               "target_5_tokens": per_token_seconds(target, prefix, new=5) * 1e3}
-    torch.set_num_threads(threads)
-    latency["cost_ratio_c"] = latency["draft_1_token"] / latency["target_1_token"]
-    metrics["latency_ms"] = {"threads": 1, "prefix_tokens": prefix.size(1), **latency}
-    metrics["size_bytes"] = {name: (out / name / "model.safetensors").stat().st_size for name in ("target", "draft")}
-    return metrics
-
-
-def write_card(out: Path, m: dict) -> None:
-    """The model card `README.md`, filled in from the measured `metrics`."""
-    c, corpus, acc, lat = m["config"], m["corpus"], m["acceptance"], m["latency_ms"]
-    t, d = c["target"], c["draft"]
-    shape = "{layers} layers x {width}, {heads} heads ({kv_heads} key/value), SwiGLU {ffn}"
-    tokens_seen = {s: c[f"{s}_steps"] * c["batch_size"] * c["context"] for s in ("target", "draft")}
-    draft_recipe = "distilled from the target, KL(p \\|\\| q)" if c["distill"] else "cross-entropy on the text"
-    mb = {k: v / 1e6 for k, v in m["size_bytes"].items()}
-    text = f"""# The embedded tiny pair
-
-A draft / target pair of Llama-style causal LMs that ships inside `specdec_ref`, loads offline
-with `AutoModelForCausalLM.from_pretrained` and runs on a laptop CPU in milliseconds per token.
-Load it with `specdec_ref.load_pair("tiny")`. Every number below was measured by
-`python -m specdec_ref.train_tiny`, which wrote this card (and `metrics.json`, `training_log.csv`).
-
-## Corpus
-The Python {corpus["python"]} installation's own text, nothing downloaded and nothing committed
-(`specdec_ref.corpus`): the documentation topics of `pydoc_data.topics` and the standard library's
-source files (code, comments, docstrings; no test suites, codec tables or site-packages).
-Documents are split by a hash of their name: {corpus["train_documents"]} train documents
-({corpus["train"] / 1e6:.1f} M characters, {corpus["train_tokens"] / 1e6:.2f} M tokens) and
-{corpus["held_out_documents"]} held-out documents ({corpus["held_out_tokens"] / 1e3:.0f} k tokens).
-
-## Models
-| | target | draft |
-|---|---|---|
-| architecture | {shape.format(**t)} | {shape.format(**d)} |
-| parameters (embeddings tied) | {m["params"]["target"] / 1e6:.2f} M | {m["params"]["draft"] / 1e6:.2f} M |
-| file (float16 safetensors) | {mb["target"]:.1f} MB | {mb["draft"]:.1f} MB |
-| training | {c["target_steps"]} steps, cross-entropy | {c["draft_steps"]} steps, {draft_recipe} |
-| tokens seen | {tokens_seen["target"] / 1e6:.1f} M | {tokens_seen["draft"] / 1e6:.1f} M |
-| training time | {m["seconds"]["target"] / 60:.1f} min | {m["seconds"]["draft"] / 60:.1f} min |
-| held-out perplexity | {m["perplexity"]["target"]:.2f} | {m["perplexity"]["draft"]:.2f} |
-| latency per token (KV cache, batch 1) | {lat["target_1_token"]:.2f} ms | {lat["draft_1_token"]:.2f} ms |
-
-Shared tokenizer: byte-level BPE, {c["vocab_size"]} tokens, `<|endoftext|>` as BOS/EOS/padding.
-Context: {c["context"]} positions. Training: AdamW (0.9, 0.95), weight decay {c["weight_decay"]},
-batches of {c["batch_size"]} x {c["context"]} tokens, peak learning rates {c["target_lr"]} (target) and
-{c["draft_lr"]} (draft), {c["warmup_steps"]} warm-up steps then cosine decay, bfloat16 autocast: {c["bf16"]},
-seed {c["seed"]}, device `{m["device"]}` ({m["torch_threads"]} threads, torch {m["torch"]}).
-Total time including tokenizer and data: {m["seconds"]["total_training"] / 60:.1f} min.
-Perplexity is measured on the first {m["perplexity"]["tokens"]} held-out tokens, float32.
-
-## Speculative decoding with this pair
-`speculative_generate` with K = {acc["num_draft_tokens"]} on {acc["prompts"]} held-out prompts of
-{acc["prompt_tokens"]} tokens, {acc["new_tokens"]} new tokens each (alpha = accepted / drafted tokens):
-
-| sampling | alpha | tokens per target call |
-|---|---|---|
-| greedy | {acc["greedy"]["alpha"]:.3f} | {acc["greedy"]["tokens_per_target_call"]:.2f} |
-| temperature 1 | {acc["temperature_1"]["alpha"]:.3f} | {acc["temperature_1"]["tokens_per_target_call"]:.2f} |
-
-Greedy speculative output equal to the target's own greedy output: {acc["greedy"]["matches_target_greedy"]} prompts.
-Latencies on this machine ({m["cpu"]}, {lat["threads"]} thread, {lat["prefix_tokens"]}-token prefix, median
-of 50): draft {lat["draft_1_token"]:.3f} ms, target {lat["target_1_token"]:.3f} ms per token, target
-{lat["target_5_tokens"]:.3f} ms for a 5-token verification pass; cost ratio c = {lat["cost_ratio_c"]:.3f}.
-
-## Reproduce
-`python -m specdec_ref.train_tiny` (options: `--help`). The text is derived from Python's
-documentation and standard library, distributed under the PSF License.
-"""
-    (out / "README.md").write_text(text)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -347,11 +215,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--target-steps", type=int, default=TrainConfig.target_steps)
     parser.add_argument("--draft-steps", type=int, default=TrainConfig.draft_steps)
     parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: CUDA when available)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--no-distill", action="store_true", help="train the draft on the text instead")
     parser.add_argument("--no-bf16", action="store_true", help="train in float32")
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny corpus, models and step counts")
     parser.add_argument("--eval-only", action="store_true", help="re-measure a trained folder, rewrite the card")
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     config = TrainConfig(out_dir=args.out, seed=args.seed, target_steps=args.target_steps,
                          draft_steps=args.draft_steps, device=device, distill=not args.no_distill,
@@ -370,8 +241,8 @@ def remeasure(config: TrainConfig) -> dict:
     metrics = json.loads((out / "metrics.json").read_text())
     tokenizer = PreTrainedTokenizerFast.from_pretrained(out / "target")
     held_out_ids = encode(tokenizer, [d.text for d in load_corpus(config.corpus).held_out])  # (N_held_out,)
-    trained = {**metrics["config"], "num_prompts": config.num_prompts, "new_tokens": config.new_tokens}
-    metrics.update(evaluate_tiny(out, held_out_ids, replace(config, context=trained["context"])))
+    trained = metrics["config"]
+    metrics.update(evaluate_tiny(out, held_out_ids, replace(config, context=trained["context"], seed=trained["seed"])))
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     write_card(out, metrics)
     return metrics
@@ -391,7 +262,7 @@ def run(config: TrainConfig) -> dict:
     print(f"corpus: {len(corpus.train)} train / {len(corpus.held_out)} held-out documents, "
           f"{train_ids.numel()} / {held_out_ids.numel()} tokens ({data_seconds:.0f} s)", file=sys.stderr)
 
-    with open(out / "training_log.csv", "w", newline="") as handle:
+    with open(out / "training_log.csv", "w", newline="", buffering=1) as handle:  # line-buffered: tail -f
         log = csv.writer(handle)
         log.writerow(["stage", "step", "loss", "lr", "tokens", "seconds"])
         target = build_model(config.target, tokenizer, config.context, config.seed)
@@ -412,7 +283,6 @@ def run(config: TrainConfig) -> dict:
         "seconds": {"data": round(data_seconds, 1), "target": round(target_seconds, 1),
                     "draft": round(draft_seconds, 1), "total_training": round(time.perf_counter() - t0, 1)},
         "device": config.device, "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-        "cpu": platform.processor() or platform.machine(),
     }
     metrics.update(evaluate_tiny(out, held_out_ids, config))
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")

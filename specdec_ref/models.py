@@ -1,0 +1,209 @@
+"""Draft / target pairs by name: the embedded tiny pair, and real pairs from the hub.
+
+`load_pair(name)` returns `(draft_model, target_model, tokenizer)`, ready for
+`speculative_generate`:
+
+* "tiny": the pair that ships inside this package (`pairs/tiny`, trained by
+  `python -m specdec_ref.train_tiny`); loads offline, runs on a CPU;
+* "gpt2": gpt2 -> gpt2-xl, the pair of the article;
+* "qwen2.5": Qwen/Qwen2.5-0.5B -> Qwen/Qwen2.5-7B, and "qwen2.5-1.5b" (-> 1.5B, fits a
+  free Colab GPU). These models pad their embedding matrices to different sizes (151936
+  rows for 0.5B and 1.5B, 152064 for 7B) around one tokenizer of 151665 tokens.
+
+Invariant: the two returned models have output embeddings of the same size, so p and q
+are distributions over the same token ids. When the checkpoints differ, both are
+restricted to the shared range [0, min(V_draft, V_target)): the rows cut off are padding
+that no tokenizer id maps to, and the logits of the kept ids are unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from .validation import model_device, vocab_size
+
+TINY_DIR = Path(__file__).resolve().parent / "pairs" / "tiny"
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """Where the two models of a named pair come from."""
+
+    draft: str  # hub id, or a folder name under pairs/ for embedded pairs
+    target: str  # hub id, or a folder name under pairs/ for embedded pairs
+    embedded: bool = False  # True: folders inside this package, no network needed
+    note: str = ""  # one line for listings
+
+
+PAIRS: dict[str, PairSpec] = {
+    "tiny": PairSpec("draft", "target", embedded=True, note="embedded, offline, CPU (see pairs/tiny/README.md)"),
+    "gpt2": PairSpec("gpt2", "gpt2-xl", note="the article's pair: 124M -> 1.5B"),
+    "qwen2.5": PairSpec("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-7B", note="vocabularies 151936 vs 152064"),
+    "qwen2.5-1.5b": PairSpec("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B", note="fits a 16 GB GPU in float16"),
+}
+
+
+class PairUnavailableError(OSError):
+    """A hub pair could not be loaded (no network, no cached copy)."""
+
+
+def _default_device(device: str | torch.device | None) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _default_dtype(dtype: torch.dtype | None, device: torch.device, embedded: bool) -> torch.dtype:
+    """float32 on CPUs and for the tiny pair (exact comparisons); half precision on GPUs."""
+    if dtype is not None:
+        return dtype
+    if embedded or device.type == "cpu":
+        return torch.float32
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float16
+
+
+@torch.no_grad()
+def restrict_vocabulary(model: PreTrainedModel, size: int) -> PreTrainedModel:
+    """Keep only the first `size` rows of the model's input and output embeddings.
+
+    Works in place on the existing parameters (tied embeddings stay tied, and the hooks
+    `accelerate` puts on a model spread over several devices stay attached). The logits
+    of ids below `size` are unchanged; the ids above disappear from the softmax.
+
+    Raises:
+        ValueError: if `size` is not in [1, current vocabulary size].
+    """
+    current = vocab_size(model)
+    if not 1 <= size <= current:
+        raise ValueError(f"size must be in [1, {current}] (the model's vocabulary), got {size!r}")
+    if size == current:
+        return model
+    embeddings = model.get_input_embeddings()
+    embeddings.weight.data = embeddings.weight.data[:size].clone()  # (size, d)
+    embeddings.num_embeddings = size
+    head = model.get_output_embeddings()
+    if head is not None:
+        if head.weight.size(0) != size:  # untied head (a tied one was cut with the embeddings)
+            head.weight.data = head.weight.data[:size].clone()  # (size, d)
+        if getattr(head, "bias", None) is not None:
+            head.bias.data = head.bias.data[:size].clone()  # (size,)
+        head.out_features = size
+    model.config.get_text_config().vocab_size = size
+    return model
+
+
+def align_vocabularies(
+    draft_model: PreTrainedModel, target_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None
+) -> int:
+    """Restrict both models to their shared token range; return its size.
+
+    Raises:
+        ValueError: if the tokenizer has ids outside the shared range.
+    """
+    shared = min(vocab_size(draft_model), vocab_size(target_model))
+    if tokenizer is not None and len(tokenizer) > shared:
+        raise ValueError(
+            f"the tokenizer has {len(tokenizer)} tokens but the models share only {shared} output rows: "
+            "these checkpoints do not share a vocabulary"
+        )
+    restrict_vocabulary(draft_model, shared)
+    restrict_vocabulary(target_model, shared)
+    return shared
+
+
+def _finish(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    """Eval mode, and a pad token for `generate` (the EOS when the checkpoint has none)."""
+    if model.generation_config.pad_token_id is None:
+        pad = tokenizer.pad_token_id
+        model.generation_config.pad_token_id = pad if pad is not None else tokenizer.eos_token_id
+    return model.eval()
+
+
+def load_pair_from_folder(
+    folder: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None
+) -> tuple[PreTrainedModel, PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a pair saved as `folder/draft`, `folder/target` (tokenizer in `target`), offline.
+
+    Returns:
+        (draft_model, target_model, tokenizer), float32 unless `dtype` says otherwise.
+    """
+    folder = Path(folder)
+    for part in ("draft", "target"):
+        if not (folder / part / "config.json").is_file():
+            raise ValueError(f"folder {str(folder)!r} has no {part}/config.json: not a saved pair")
+    device = _default_device(device)
+    dtype = dtype or torch.float32
+    tokenizer = AutoTokenizer.from_pretrained(folder / "target", local_files_only=True)
+    models = [AutoModelForCausalLM.from_pretrained(folder / part, dtype=dtype, local_files_only=True).to(device)
+              for part in ("draft", "target")]
+    draft_model, target_model = (_finish(m, tokenizer) for m in models)
+    align_vocabularies(draft_model, target_model, tokenizer)
+    return draft_model, target_model, tokenizer
+
+
+def load_pair(
+    name: str = "tiny",
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    *,
+    device_map: str | dict | None = None,
+    local_files_only: bool = False,
+    **from_pretrained_kwargs,
+) -> tuple[PreTrainedModel, PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a named draft / target pair and its shared tokenizer.
+
+    Args:
+        name: one of `PAIRS` ("tiny", "gpt2", "qwen2.5", "qwen2.5-1.5b").
+        device: where both models go (None: CUDA when available, else CPU).
+        dtype: parameter dtype (None: float32 on CPU and for "tiny", else bfloat16 or float16).
+        device_map: for hub pairs, e.g. "auto" to spread a large target over the visible
+            GPUs (needs `accelerate`); the draft goes where the target's embeddings are.
+        local_files_only: never touch the network (use the local hub cache only).
+        **from_pretrained_kwargs: passed on to `from_pretrained` for hub pairs (e.g. `cache_dir`).
+
+    Returns:
+        (draft_model, target_model, tokenizer), in eval mode, with equal output vocabularies.
+
+    Raises:
+        ValueError: for an unknown name.
+        ImportError: for `device_map` without `accelerate` installed.
+        PairUnavailableError: when a hub pair cannot be loaded (offline, not cached).
+    """
+    if name not in PAIRS:
+        raise ValueError(f"name must be one of {sorted(PAIRS)}, got {name!r}")
+    spec = PAIRS[name]
+    if spec.embedded:
+        if device_map is not None:
+            raise ValueError(f"device_map is for hub pairs; the {name!r} pair fits on one device, got {device_map!r}")
+        return load_pair_from_folder(TINY_DIR, device=device, dtype=dtype)
+    device = _default_device(device)
+    dtype = _default_dtype(dtype, device, embedded=False)
+    if device_map is not None:
+        try:
+            import accelerate  # noqa: F401  (needed by transformers for device_map)
+        except ImportError as error:
+            message = f"device_map={device_map!r} needs the accelerate package: pip install accelerate"
+            raise ImportError(message) from error
+    kwargs = {"dtype": dtype, "local_files_only": local_files_only, **from_pretrained_kwargs}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(spec.target, **{k: v for k, v in kwargs.items() if k != "dtype"})
+        if device_map is None:
+            target_model = AutoModelForCausalLM.from_pretrained(spec.target, **kwargs).to(device)
+        else:
+            target_model = AutoModelForCausalLM.from_pretrained(spec.target, device_map=device_map, **kwargs)
+        draft_model = AutoModelForCausalLM.from_pretrained(spec.draft, **kwargs).to(model_device(target_model))
+    except OSError as error:
+        raise PairUnavailableError(
+            f"could not load the {name!r} pair ({spec.draft} -> {spec.target}) from the Hugging Face hub or "
+            f"its local cache ({type(error).__name__}: {error}). Without network access, use "
+            "load_pair('tiny'), the pair embedded in this package."
+        ) from error
+    draft_model, target_model = _finish(draft_model, tokenizer), _finish(target_model, tokenizer)
+    align_vocabularies(draft_model, target_model, tokenizer)
+    return draft_model, target_model, tokenizer

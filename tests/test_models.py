@@ -1,0 +1,255 @@
+"""The model registry, the embedded tiny pair, its corpus and its training script."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+from specdec_ref import SamplingConfig, autoregressive_generate, speculative_generate
+from specdec_ref.corpus import CorpusConfig, held_out_prompts, is_held_out, iter_documents, load_corpus
+from specdec_ref.models import (
+    PAIRS,
+    TINY_DIR,
+    PairUnavailableError,
+    align_vocabularies,
+    load_pair,
+    restrict_vocabulary,
+)
+from specdec_ref.tiny_eval import perplexity
+from specdec_ref.train_tiny import encode
+from specdec_ref.validation import vocab_size
+
+# The quality bar of the model card, and the margin the tests allow below it: the tests
+# use 8 prompts and 48 new tokens (the card: 32 prompts, 64 tokens), so their estimate
+# of alpha is noisier; 0.1 is about three standard errors of that smaller sample.
+ALPHA_GREEDY, ALPHA_TEMPERATURE_1, MARGIN = 0.6, 0.45, 0.1
+QWEN_SMALL_VOCAB, QWEN_LARGE_VOCAB = 151936, 152064  # Qwen2.5-0.5B / 1.5B and Qwen2.5-7B
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """(draft_model, target_model, tokenizer) of the embedded pair, float32 on the CPU."""
+    return load_pair("tiny", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny):
+    """Eight 32-token prompts from held-out documents (the first 8 of the model card's)."""
+    return held_out_prompts(tiny[2], num_prompts=8, prompt_tokens=32)
+
+
+def test_tiny_pair_loads_offline_and_generates_64_tokens():
+    """A fresh interpreter with HF_HUB_OFFLINE=1 loads the shipped folders and generates."""
+    code = (
+        "import torch; from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        "from specdec_ref.models import TINY_DIR\n"
+        "tok = AutoTokenizer.from_pretrained(TINY_DIR / 'target')\n"
+        "ids = tok('def main():', return_tensors='pt').input_ids\n"
+        "for part in ('draft', 'target'):\n"
+        "    m = AutoModelForCausalLM.from_pretrained(TINY_DIR / part).eval()\n"
+        "    out = m.generate(ids, max_new_tokens=64, min_new_tokens=64, do_sample=False)\n"
+        "    print(part, out.shape[1] - ids.shape[1])\n"
+        "from specdec_ref.decoder import speculative_generate\n"
+        "from specdec_ref.models import load_pair\n"
+        "draft, target, tok = load_pair('tiny', device='cpu')\n"
+        "out = speculative_generate(target, draft, ids, max_new_tokens=64,\n"
+        "                           generator=torch.Generator().manual_seed(0))\n"
+        "print('speculative', out.stats.new_tokens)\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "draft 64" in result.stdout and "target 64" in result.stdout and "speculative 64" in result.stdout
+
+
+def test_tiny_pair_shapes_sizes_and_shared_vocabulary(tiny):
+    """Target 10-30M params, draft 1-2 layers, one vocabulary, <= 30 MB of weights."""
+    draft_model, target_model, tokenizer = tiny
+    target_params = sum(p.numel() for p in target_model.parameters())
+    assert 10e6 <= target_params <= 30e6
+    assert draft_model.config.num_hidden_layers <= 2 < target_model.config.num_hidden_layers
+    assert vocab_size(draft_model) == vocab_size(target_model) == len(tokenizer)
+    assert draft_model.dtype == target_model.dtype == torch.float32
+    assert target_model.generation_config.eos_token_id == tokenizer.eos_token_id
+    sizes = [(TINY_DIR / part / "model.safetensors").stat().st_size for part in ("draft", "target")]
+    assert sum(sizes) <= 30e6
+    assert (TINY_DIR / "README.md").is_file()
+
+
+def test_tiny_sampling_is_deterministic_at_a_fixed_seed(tiny, prompts):
+    """The same seed gives the same sequences, speculative and autoregressive."""
+    draft_model, target_model, _ = tiny
+
+    def run(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        spec = speculative_generate(target_model, draft_model, prompts[0], max_new_tokens=32,
+                                    generator=torch.Generator().manual_seed(seed))
+        base = autoregressive_generate(target_model, prompts[0], max_new_tokens=32,
+                                       generator=torch.Generator().manual_seed(seed))
+        return spec.sequences, base.sequences
+
+    first, again, other = run(0), run(0), run(1)
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    assert not torch.equal(first[0], other[0])  # the seed matters: sampling is really random
+
+
+def test_tiny_greedy_speculative_matches_target_greedy(tiny, prompts):
+    """Greedy speculative decoding reproduces the target's own greedy output on held-out prompts."""
+    draft_model, target_model, tokenizer = tiny
+    greedy = SamplingConfig(temperature=0.0)
+    for prompt in prompts[:4]:
+        spec = speculative_generate(target_model, draft_model, prompt, max_new_tokens=48, sampling=greedy,
+                                    eos_token_id=tokenizer.eos_token_id)
+        # transformers' own greedy search, which also stops right after EOS.
+        hf = target_model.generate(prompt, max_new_tokens=48, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+        assert torch.equal(spec.sequences, hf)
+
+
+@pytest.mark.parametrize(("temperature", "threshold"), [(0.0, ALPHA_GREEDY), (1.0, ALPHA_TEMPERATURE_1)])
+def test_tiny_acceptance_rate_on_held_out_prompts(tiny, prompts, temperature, threshold):
+    """alpha (accepted / judged drafts) at K = 4 on held-out prompts: above the card's bar minus the margin."""
+    draft_model, target_model, _ = tiny
+    generator = torch.Generator().manual_seed(0)
+    judged = accepted = 0
+    for prompt in prompts:
+        stats = speculative_generate(target_model, draft_model, prompt, max_new_tokens=48, num_draft_tokens=4,
+                                     sampling=SamplingConfig(temperature=temperature), generator=generator).stats
+        judged, accepted = judged + stats.judged_tokens, accepted + stats.accepted_tokens
+    assert accepted / judged >= threshold - MARGIN
+
+
+def test_tiny_target_perplexity_is_below_the_drafts(tiny):
+    """On held-out text (the first 4096 tokens, as the card measures) the target predicts clearly better."""
+    draft_model, target_model, tokenizer = tiny
+    ids = encode(tokenizer, [d.text for d in iter_documents(side="held_out")])[:4096]  # (4096,)
+    target_ppl, draft_ppl = perplexity(target_model, ids, 512), perplexity(draft_model, ids, 512)
+    assert target_ppl < 0.9 * draft_ppl
+
+
+def test_model_card_reports_measured_figures():
+    """metrics.json holds the measured figures the card quotes, and they meet the bar."""
+    metrics = json.loads((TINY_DIR / "metrics.json").read_text())
+    card = (TINY_DIR / "README.md").read_text()
+    assert metrics["acceptance"]["greedy"]["alpha"] >= ALPHA_GREEDY
+    assert metrics["acceptance"]["temperature_1"]["alpha"] >= ALPHA_TEMPERATURE_1
+    assert metrics["perplexity"]["target"] < metrics["perplexity"]["draft"]
+    assert metrics["latency_ms"]["cost_ratio_c"] <= 0.1
+    assert f"{metrics['acceptance']['greedy']['alpha']:.3f}" in card
+    assert f"{metrics['perplexity']['target']:.2f}" in card
+
+
+def _qwen2(vocab: int, tied: bool, seed: int) -> Qwen2ForCausalLM:
+    """A random Qwen2 with a real Qwen2.5 vocabulary size and tiny hidden sizes."""
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                         tie_word_embeddings=tied, bos_token_id=0, eos_token_id=1, initializer_range=0.5)
+    model = Qwen2ForCausalLM(config).eval()
+    model.generation_config.pad_token_id = 1
+    return model
+
+
+def test_padded_vocabularies_are_restricted_to_the_shared_range():
+    """Qwen2.5-shaped pair (151936 tied vs 152064 untied): same sizes after, same logits on kept ids."""
+    draft_model = _qwen2(QWEN_SMALL_VOCAB, tied=True, seed=0)
+    target_model = _qwen2(QWEN_LARGE_VOCAB, tied=False, seed=1)
+    ids = torch.tensor([[5, 17, 151000, 42, 99]])  # (1, 5)
+    with torch.no_grad():
+        before = target_model(ids).logits  # (1, 5, 152064)
+    with pytest.raises(ValueError, match="vocabulary"):
+        speculative_generate(target_model, draft_model, ids, max_new_tokens=4)
+
+    shared = align_vocabularies(draft_model, target_model)
+    assert shared == QWEN_SMALL_VOCAB
+    assert vocab_size(draft_model) == vocab_size(target_model) == shared
+    assert target_model.get_input_embeddings().weight.shape[0] == shared
+    assert draft_model.get_output_embeddings().weight is draft_model.get_input_embeddings().weight  # still tied
+    with torch.no_grad():
+        after = target_model(ids).logits  # (1, 5, 151936)
+    torch.testing.assert_close(after, before[..., :shared])
+
+    greedy = SamplingConfig(temperature=0.0)
+    spec = speculative_generate(target_model, draft_model, ids, max_new_tokens=8, sampling=greedy)
+    base = autoregressive_generate(target_model, ids, max_new_tokens=8, sampling=greedy)
+    assert torch.equal(spec.sequences, base.sequences)
+
+
+def test_restrict_vocabulary_rejects_a_size_out_of_range():
+    """The size must lie in [1, V]."""
+    model = _qwen2(300, tied=True, seed=0)
+    for bad in (0, 301):
+        with pytest.raises(ValueError, match="size must be in"):
+            restrict_vocabulary(model, bad)
+
+
+def test_align_vocabularies_rejects_a_tokenizer_beyond_the_shared_range(tiny):
+    """A tokenizer with ids the models cannot score is an error, not a silent cut."""
+    _, _, tokenizer = tiny
+    small, large = _qwen2(len(tokenizer) - 10, tied=True, seed=0), _qwen2(len(tokenizer), tied=True, seed=1)
+    with pytest.raises(ValueError, match="do not share a vocabulary"):
+        align_vocabularies(small, large, tokenizer)
+
+
+@pytest.mark.parametrize("name", [n for n, spec in PAIRS.items() if not spec.embedded])
+def test_unreachable_hub_pair_raises_an_error_suggesting_tiny(name, tmp_path):
+    """With no network and an empty cache, a hub pair fails with a message that names 'tiny'."""
+    with pytest.raises(PairUnavailableError, match="load_pair\\('tiny'\\)"):
+        load_pair(name, device="cpu", local_files_only=True, cache_dir=tmp_path)
+
+
+def test_load_pair_rejects_bad_arguments():
+    """Unknown names, device_map for the tiny pair, device_map without accelerate."""
+    with pytest.raises(ValueError, match="name must be one of"):
+        load_pair("gpt5")
+    with pytest.raises(ValueError, match="device_map"):
+        load_pair("tiny", device_map="auto")
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="accelerate"):
+            load_pair("gpt2", device_map="auto", local_files_only=True)
+
+
+def test_corpus_split_is_disjoint_and_a_function_of_the_name():
+    """Held-out documents never appear in training; the split depends only on names."""
+    config = CorpusConfig(max_documents=200)
+    corpus = load_corpus(config)
+    train, held_out = {d.name for d in corpus.train}, {d.name for d in corpus.held_out}
+    assert train and held_out and not train & held_out
+    assert all(is_held_out(name, config) for name in held_out)
+    assert [d.name for d in iter_documents(config, side="held_out")] == [d.name for d in corpus.held_out]
+    assert any(name.startswith("topics/") for name in train | held_out)
+
+
+def test_held_out_prompts_are_deterministic(tiny):
+    """Same seed, same prompts; another seed, other prompts; the requested shape."""
+    tokenizer = tiny[2]
+    first = held_out_prompts(tokenizer, num_prompts=3, prompt_tokens=16, seed=0)
+    again = held_out_prompts(tokenizer, num_prompts=3, prompt_tokens=16, seed=0)
+    other = held_out_prompts(tokenizer, num_prompts=3, prompt_tokens=16, seed=1)
+    assert all(p.shape == (1, 16) for p in first)
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
+
+
+@pytest.mark.slow
+def test_train_tiny_quick_run_writes_a_loadable_pair(tmp_path):
+    """`python -m specdec_ref.train_tiny --quick` writes folders, metrics, log and card."""
+    from specdec_ref.models import load_pair_from_folder
+    from specdec_ref.train_tiny import main
+
+    metrics = main(["--quick", "--out", str(tmp_path), "--threads", "1"])
+    draft_model, target_model, tokenizer = load_pair_from_folder(tmp_path, device="cpu")
+    assert vocab_size(draft_model) == vocab_size(target_model) == len(tokenizer)
+    assert AutoTokenizer.from_pretrained(tmp_path / "draft").get_vocab() == tokenizer.get_vocab()
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "target").dtype == torch.float32
+    log = (tmp_path / "training_log.csv").read_text().splitlines()
+    assert log[0].startswith("stage,step,loss") and any(row.startswith("draft,") for row in log)
+    assert metrics["acceptance"]["greedy"]["matches_target_greedy"] == "2/2"
+    assert Path(tmp_path / "README.md").read_text().count("|") > 20
