@@ -223,4 +223,6 @@ Draft:
 `python -m specdec_ref.train_tiny` (options: `--help`). The text is derived from Python's
 documentation and standard library, distributed under the PSF License.
 """
+    if m.get("notes"):
+        text += "\n## Notes\n" + "\n".join(f"- {note}" for note in m["notes"]) + "\n"
     (out / "README.md").write_text(text)

@@ -28,7 +28,7 @@ from specdec_ref.validation import vocab_size
 
 # The quality bar of the model card, and the margin the tests allow below it: the tests
 # use 8 prompts and 48 new tokens (the card: 32 prompts, 64 tokens), so their estimate
-# of alpha is noisier; 0.1 is about three standard errors of that smaller sample.
+# of alpha rests on about 350 judged drafts; 0.1 is about four binomial standard errors.
 ALPHA_GREEDY, ALPHA_TEMPERATURE_1, MARGIN = 0.6, 0.45, 0.1
 QWEN_SMALL_VOCAB, QWEN_LARGE_VOCAB = 151936, 152064  # Qwen2.5-0.5B / 1.5B and Qwen2.5-7B
 
@@ -129,7 +129,7 @@ def test_tiny_target_perplexity_is_below_the_drafts(tiny):
     draft_model, target_model, tokenizer = tiny
     ids = encode(tokenizer, [d.text for d in iter_documents(side="held_out")])[:4096]  # (4096,)
     target_ppl, draft_ppl = perplexity(target_model, ids, 512), perplexity(draft_model, ids, 512)
-    assert target_ppl < 0.9 * draft_ppl
+    assert target_ppl < 0.8 * draft_ppl
 
 
 def test_model_card_reports_measured_figures():
