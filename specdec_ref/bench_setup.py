@@ -11,8 +11,8 @@ truncated copy), and the target's deeper layers write into the residual stream w
 weights scaled by `deep_layer_scale`: the smaller the scale, the more often the two
 agree. The costs are those of the real shapes; alpha comes from this construction.
 
-`measure_costs` times single cached passes through `kv_cache.CachedForward`, the path
-the decoder uses: c = draft 1-token pass / target 1-token pass, and v(K) = target pass
+`measure_costs` times single cached passes with `measure.measure_pass_latency` (the
+`kv_cache.CachedForward` path the decoder uses): c = draft 1-token pass / target 1-token pass, and v(K) = target pass
 over K + 1 tokens / target 1-token pass (what `analysis` calls the cost ratio and the
 verification cost).
 
@@ -28,8 +28,7 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from .kv_cache import CachedForward
-from .timing import time_call
+from .measure import measure_pass_latency
 from .validation import context_length, vocab_size
 
 # Prompts for a pair with a tokenizer when `specdec_ref.corpus` cannot provide held-out ones.
@@ -212,7 +211,7 @@ def measure_costs(pair: BenchPair, *, context: int, max_k: int = 8, repeats: int
         pair: the models to time.
         context: tokens in the KV cache before the timed pass (>= 1).
         max_k: v(K) is measured for K = 1..max_k.
-        repeats, warmup: passed to `timing.time_call` for each measurement.
+        repeats, warmup: passed to `measure.measure_pass_latency` for each measurement.
 
     Returns:
         `PassCosts` with medians of `repeats` timings each.
@@ -222,19 +221,10 @@ def measure_costs(pair: BenchPair, *, context: int, max_k: int = 8, repeats: int
     limit = context_length(pair.target_model)
     if limit is not None:
         context = min(context, limit - max_k - 1)
-    generator = torch.Generator().manual_seed(0)
-    sequence = torch.randint(1, vocab_size(pair.target_model), (1, context + max_k + 1), generator=generator)
-    sequence = sequence.to(pair.device)  # (1, context + max_k + 1)
 
     def pass_seconds(model: PreTrainedModel, num_tokens: int) -> float:
-        source = CachedForward(model)
-        source.last_logits(sequence[:, :context], 1)  # fills the cache with `context` tokens
-
-        def one_pass() -> None:
-            source.last_logits(sequence[:, : context + num_tokens], num_tokens)
-            source.rollback(context)
-
-        return time_call(one_pass, repeats=repeats, warmup=warmup, device=pair.device).median
+        curve = measure_pass_latency(model, context=context, num_tokens=(num_tokens,), repeats=repeats, warmup=warmup)
+        return curve.median_s[0]
 
     # Each ratio divides two timings taken back to back, so a slow drift of a shared
     # machine affects both about equally.

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from .measure import measure_pass_latency
+
 if TYPE_CHECKING:
     from .train_tiny import TrainConfig
 
@@ -42,39 +44,19 @@ def perplexity(model: PreTrainedModel, ids: torch.Tensor, context: int) -> float
     return math.exp(total / count)
 
 
-def cached_step(model: PreTrainedModel, ids: torch.Tensor, new: int = 1):
-    """A function that runs one cached forward pass over the last `new` tokens of `ids` (1, n).
+def latencies_ms(passes: dict[str, tuple[PreTrainedModel, int]], *, length: int, rounds: int = 5,
+                 repeats: int = 20) -> dict[str, float]:
+    """Median milliseconds of one cached pass, per name: (model, new tokens) after a cache
+    that brings the sequence to `length` tokens, timed with `measure.measure_pass_latency`.
 
-    The cache holds the first n - new tokens; each call feeds the last `new` and crops
-    them off again, so every call does the same work (batch 1, as in decoding).
+    Rounds are interleaved, which spreads the noise of a shared machine evenly over the
+    passes, so their ratio (the cost ratio c) is steadier than with one long run each.
     """
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=model.config)
-    with torch.no_grad():
-        model(ids[:, :-new], cache=cache, use_cache=True)
-    position_ids = torch.arange(ids.size(1) - new, ids.size(1))[None]  # (1, new)
-
-    @torch.no_grad()
-    def step() -> None:
-        model(ids[:, -new:], cache=cache, use_cache=True, position_ids=position_ids, logits_to_keep=new)
-        cache.crop(-new)
-
-    return step
-
-
-def latencies_ms(steps: dict, rounds: int = 5, repeats: int = 20) -> dict[str, float]:
-    """Median milliseconds per call of each function, timed in interleaved rounds.
-
-    Interleaving spreads the noise of a shared machine evenly over the functions, so
-    their ratio (the cost ratio c) is steadier than with one long run per function.
-    """
-    from .timing import time_call
-
-    medians: dict[str, list[float]] = {name: [] for name in steps}
+    medians: dict[str, list[float]] = {name: [] for name in passes}
     for _ in range(rounds):
-        for name, step in steps.items():
-            medians[name].append(time_call(step, repeats=repeats, warmup=3).median * 1e3)
+        for name, (model, new) in passes.items():
+            curve = measure_pass_latency(model, context=length - new, num_tokens=(new,), repeats=repeats, warmup=3)
+            medians[name].append(curve.median_s[0] * 1e3)
     return {name: sorted(values)[len(values) // 2] for name, values in medians.items()}
 
 
@@ -129,8 +111,8 @@ def evaluate_tiny(out: Path, held_out_ids: torch.Tensor, config: TrainConfig) ->
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     prefix = held_out_ids[: min(128, config.context - 8)][None]  # (1, n)
-    latency = latencies_ms({"draft_1_token": cached_step(draft, prefix), "target_1_token": cached_step(target, prefix),
-                            "target_5_tokens": cached_step(target, prefix, new=5)})
+    latency = latencies_ms({"draft_1_token": (draft, 1), "target_1_token": (target, 1),
+                            "target_5_tokens": (target, 5)}, length=prefix.size(1))
     torch.set_num_threads(threads)
     latency["cost_ratio_c"] = latency["draft_1_token"] / latency["target_1_token"]
     metrics["latency_ms"] = {"cpu": _cpu_name(), "threads": 1, "prefix_tokens": prefix.size(1), **latency}
