@@ -18,7 +18,7 @@ import argparse
 
 import torch
 
-from .bench_setup import BenchPair, bench_prompts, load_bench_pair
+from .bench.pair import BenchPair, bench_prompts, load_bench_pair
 from .decoder import GenerationOutput, autoregressive_generate, speculative_generate
 from .sampling import SamplingConfig
 from .timing import time_call

@@ -14,9 +14,9 @@ cost v(K) is about 1 while decoding is memory-bound but must be measured:
     speedup = E[tokens] / (K * c + v(K))
 
 This module is the one implementation of these formulas: the adaptive draft length
-(`schedules.ModelBasedDraftLength`) and the notebooks call it. Alongside: beta and
-alpha measured from a real model pair, a Monte Carlo check of the closed forms, and
-predicted against measured speedups from the benchmark's JSON report.
+(`schedules.ModelBasedDraftLength`) and the notebooks call it. Alongside: a Monte Carlo
+check of the closed forms, and predicted against measured speedups from the benchmark's
+JSON report. alpha itself is measured on a real pair by `acceptance`.
 """
 
 from __future__ import annotations
@@ -28,11 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedModel
-
-from .decoder import IterationRecord, autoregressive_generate
-from .sampling import SamplingConfig
-from .verification import target_distributions
 
 # How a verification cost v(K) may be given: None (v = 1), a callable K -> v(K),
 # a mapping {K: v(K)} (keys int or str, as in the benchmark JSON) or a sequence indexed by K.
@@ -110,75 +105,6 @@ def optimal_draft_length(alpha: float, cost_ratio: float, *, max_k: int, min_k: 
     cost = as_verify_cost(verify_cost)
     speedups = {k: expected_speedup(alpha, k, cost_ratio, cost) for k in range(min_k, max_k + 1)}
     return max(speedups, key=lambda k: (speedups[k], -k))
-
-
-def acceptance_beta(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """beta = sum_x min(p(x), q(x)): the chance the rule accepts a token drafted from q, per row.
-
-    Args:
-        p, q: target and draft distributions of the same shape (..., V).
-
-    Returns:
-        beta, shape (...,), in [0, 1]; 1 - beta is the total-variation distance of p and q.
-    """
-    if p.shape != q.shape:
-        raise ValueError(f"p and q must have the same shape, got {tuple(p.shape)} and {tuple(q.shape)}")
-    return torch.minimum(p, q.to(p.dtype)).sum(-1)  # (...,)
-
-
-@dataclass(frozen=True)
-class AlphaEstimate:
-    """alpha = E[beta] over the positions of continuations the target generated."""
-
-    betas: tuple[float, ...]  # beta at every scored position, all prompts together
-
-    @property
-    def alpha(self) -> float:
-        return sum(self.betas) / len(self.betas)
-
-    @property
-    def standard_error(self) -> float:
-        """Standard error of the mean (positions of one text are correlated: a lower bound)."""
-        n = len(self.betas)
-        if n < 2:
-            return float("nan")
-        mean = self.alpha
-        return math.sqrt(sum((b - mean) ** 2 for b in self.betas) / (n - 1) / n)
-
-
-@torch.no_grad()
-def measure_alpha(target_model: PreTrainedModel, draft_model: PreTrainedModel, prompts: Sequence[torch.Tensor], *,
-                  max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(),
-                  generator: torch.Generator | None = None) -> AlphaEstimate:
-    """Estimate alpha for a model pair by averaging beta over text the target generates.
-
-    For each prompt (1, n) the target continues the text (so contexts follow p), then one
-    pass of each model over prompt + continuation gives p and q at every position
-    (`verification.target_distributions`), and beta is computed position by position.
-    """
-    if not prompts:
-        raise ValueError("prompts must hold at least one prompt")
-    betas: list[float] = []
-    for prompt in prompts:
-        out = autoregressive_generate(target_model, prompt, max_new_tokens=max_new_tokens,
-                                      sampling=sampling, generator=generator)
-        continuation = out.sequences[0, prompt.size(1):]  # (L,)
-        p = target_distributions(target_model, prompt, continuation, sampling)  # (L + 1, V)
-        q = target_distributions(draft_model, prompt, continuation, sampling)  # (L + 1, V)
-        betas.extend(acceptance_beta(p, q).tolist())
-    return AlphaEstimate(tuple(betas))
-
-
-def alpha_from_trace(trace: Sequence[IterationRecord]) -> float:
-    """alpha estimated from a run's iterations: accepted drafts / drafts actually tested.
-
-    Drafts after the first rejection are never tested, so accepted / drafted (the
-    decoder's `acceptance_rate`) underestimates alpha; this is the maximum-likelihood
-    estimate under the independent-acceptance model.
-    """
-    accepted = sum(r.num_accepted for r in trace)
-    tested = sum(r.num_accepted + (r.num_accepted < len(r.drafted)) for r in trace)
-    return accepted / tested if tested else float("nan")
 
 
 def alpha_from_block_efficiency(block_efficiency: float, k: int) -> float:

@@ -4,7 +4,7 @@
 `speculative_generate`:
 
 * "tiny": the pair that ships inside this package (`pairs/tiny`, trained by
-  `python -m specdec_ref.train_tiny`); loads offline, runs on a CPU;
+  `python -m specdec_ref.training`); loads offline, runs on a CPU;
 * "gpt2": gpt2 -> gpt2-xl, the pair of the article;
 * "qwen2.5": Qwen/Qwen2.5-0.5B -> Qwen/Qwen2.5-7B, and "qwen2.5-1.5b" (-> 1.5B, fits a
   free Colab GPU). These models pad their embedding matrices to different sizes (151936

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from .analysis import VerifyCost, optimal_draft_length
+
 
 class DraftLengthSchedule(Protocol):
     """Proposes K before each iteration and learns from what was accepted."""
@@ -81,7 +83,7 @@ class ModelBasedDraftLength:
     """
 
     cost_ratio: float  # c: draft pass time / target pass time, measured on the pair
-    verify_cost: object = None  # optional callable K -> target pass time for K + 1 tokens / one token
+    verify_cost: VerifyCost = None  # v(K): target pass over K + 1 tokens / a 1-token pass (None: 1)
     min_k: int = 1  # never draft fewer than this
     max_k: int = 12  # never draft more than this
     prior_alpha: float = 0.6  # assumed alpha before any evidence
@@ -108,8 +110,6 @@ class ModelBasedDraftLength:
         return (self.accepted + self.prior_alpha * self.prior_weight) / (self.judged + self.prior_weight)
 
     def next_k(self) -> int:
-        from .analysis import optimal_draft_length
-
         return optimal_draft_length(
             self.alpha, self.cost_ratio, max_k=self.max_k, min_k=self.min_k, verify_cost=self.verify_cost
         )

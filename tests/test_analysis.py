@@ -9,15 +9,13 @@ import pytest
 import torch
 from conftest import make_model
 
+from specdec_ref.acceptance import acceptance_beta, alpha_from_trace, measure_alpha
 from specdec_ref.analysis import (
-    acceptance_beta,
     accepted_count_distribution,
     alpha_from_block_efficiency,
-    alpha_from_trace,
     expected_speedup,
     expected_tokens,
     iteration_cost,
-    measure_alpha,
     optimal_draft_length,
     predicted_vs_measured,
     simulate_acceptance,

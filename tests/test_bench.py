@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from specdec_ref.bench import format_table, greedy_mismatches, main
-from specdec_ref.bench_arms import Arm, RunRecord
+from specdec_ref.bench.arms import Arm, RunRecord
+from specdec_ref.bench.run import format_table, greedy_mismatches, main
 
 MODES = ("greedy", "t1.0", "t0.7")
 K_VALUES = (1, 3)

@@ -102,18 +102,6 @@ def test_colab_badge_and_setup_cell_match_config():
         assert f"git+{url}@{branch}" in _code(path.stem)
 
 
-def test_package_never_imports_the_notebook_helpers():
-    """No module of specdec_ref imports specdec_ref.notebook (the dependency runs one way)."""
-    for path in (ROOT / "specdec_ref").glob("*.py"):
-        if path.name == "notebook.py":
-            continue
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom):
-                names = {node.module or ""} | {alias.name for alias in node.names}
-                assert not any(n == "notebook" or n.endswith(".notebook") for n in names), path.name
-
-
 def test_offline_assets_are_used_only_when_complete(tmp_path):
     """The book serves MathJax and the widget manager locally only once all of them are there."""
     spec = importlib.util.spec_from_file_location("offline_assets", ROOT / "book" / "_ext" / "offline_assets.py")

@@ -13,7 +13,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 from specdec_ref import SamplingConfig, autoregressive_generate, speculative_generate
-from specdec_ref.corpus import CorpusConfig, held_out_prompts, is_held_out, iter_documents, load_corpus
 from specdec_ref.models import (
     PAIRS,
     TINY_DIR,
@@ -22,8 +21,9 @@ from specdec_ref.models import (
     load_pair,
     restrict_vocabulary,
 )
-from specdec_ref.tiny_eval import perplexity
-from specdec_ref.train_tiny import encode
+from specdec_ref.training.corpus import CorpusConfig, held_out_prompts, is_held_out, iter_documents, load_corpus
+from specdec_ref.training.evaluate import perplexity
+from specdec_ref.training.train import encode
 from specdec_ref.validation import vocab_size
 
 # The quality bar of the model card, and the margin the tests allow below it: the tests
@@ -239,10 +239,10 @@ def test_held_out_prompts_are_deterministic(tiny):
 
 
 @pytest.mark.slow
-def test_train_tiny_quick_run_writes_a_loadable_pair(tmp_path):
-    """`python -m specdec_ref.train_tiny --quick` writes folders, metrics, log and card."""
+def test_training_quick_run_writes_a_loadable_pair(tmp_path):
+    """`python -m specdec_ref.training --quick` writes folders, metrics, log and card."""
     from specdec_ref.models import load_pair_from_folder
-    from specdec_ref.train_tiny import main
+    from specdec_ref.training.train import main
 
     metrics = main(["--quick", "--out", str(tmp_path), "--threads", "1"])
     draft_model, target_model, tokenizer = load_pair_from_folder(tmp_path, device="cpu")

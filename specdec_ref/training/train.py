@@ -1,6 +1,6 @@
 """Train the embedded tiny pair from scratch: tokenizer, target, distilled draft, model card.
 
-`python -m specdec_ref.train_tiny` rebuilds `specdec_ref/pairs/tiny` from the Python
+`python -m specdec_ref.training` rebuilds `specdec_ref/pairs/tiny` from the Python
 installation's own text (`corpus`) with a fixed seed, on a GPU when there is one and in
 well under an hour on 2 CPU cores otherwise:
 
@@ -12,7 +12,7 @@ well under an hour on 2 CPU cores otherwise:
    acceptance is sum_x min(p(x), q(x)) = 1 - TV(p, q): a draft that imitates the target
    is worth more than one that models the text on its own;
 4. both saved in float16 safetensors, reloaded the way `load_pair` loads them, and
-   measured (`tiny_eval`): held-out perplexity, acceptance rates with
+   measured (`evaluate`): held-out perplexity, acceptance rates with
    `speculative_generate`, per-token latencies; the numbers go to `metrics.json` and
    the model card `README.md`.
 
@@ -29,7 +29,7 @@ import math
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -37,51 +37,11 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
+from .config import DEFAULT_OUT, ModelShape, TrainConfig
 from .corpus import CorpusConfig, load_corpus
-from .tiny_eval import evaluate_tiny, write_card
+from .evaluate import evaluate_tiny, write_card
 
 EOS = "<|endoftext|>"
-DEFAULT_OUT = Path(__file__).resolve().parent / "pairs" / "tiny"
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The size of one Llama-style model."""
-
-    layers: int  # transformer blocks
-    width: int  # hidden size
-    heads: int  # attention heads (head size = width / heads)
-    kv_heads: int  # key/value heads (grouped-query attention when < heads)
-    ffn: int  # SwiGLU intermediate size
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything that determines the trained pair."""
-
-    out_dir: Path = DEFAULT_OUT  # gets target/, draft/, metrics.json, training_log.csv, README.md
-    seed: int = 0  # seeds model initialisation and the batch sampler
-    vocab_size: int = 4096  # byte-level BPE vocabulary, shared by both models
-    context: int = 512  # training window and max_position_embeddings
-    batch_size: int = 8  # windows per step (batch_size * context tokens)
-    target: ModelShape = ModelShape(layers=7, width=384, heads=6, kv_heads=2, ffn=1024)
-    draft: ModelShape = ModelShape(layers=1, width=256, heads=4, kv_heads=4, ffn=768)
-    target_steps: int = 1600  # optimizer steps for the target
-    draft_steps: int = 800  # optimizer steps for the draft
-    target_lr: float = 1.5e-3  # peak learning rate (linear warm-up, cosine decay to 10%)
-    draft_lr: float = 3e-3
-    warmup_steps: int = 100
-    weight_decay: float = 0.1  # on matrices only
-    distill: bool = True  # draft trained on the target's soft labels (False: on the text)
-    bf16: bool = True  # bfloat16 autocast for training (evaluation is float32)
-    device: str | None = None  # None: CUDA when available, else CPU
-    log_every: int = 10  # steps between rows of training_log.csv
-    eval_tokens: int = 65_536  # held-out tokens for perplexity
-    num_prompts: int = 32  # held-out prompts for the acceptance rates
-    new_tokens: int = 64  # tokens generated per prompt
-    corpus: CorpusConfig = field(default_factory=CorpusConfig)
-
-
 def train_tokenizer(texts: list[str], vocab_size: int, context: int) -> PreTrainedTokenizerFast:
     """A byte-level BPE (GPT-2 style) trained on `texts`, wrapped for `transformers`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -290,7 +250,3 @@ def run(config: TrainConfig) -> dict:
     print(json.dumps({k: metrics[k] for k in ("params", "seconds", "perplexity", "acceptance", "latency_ms")},
                      indent=2), file=sys.stderr)
     return metrics
-
-
-if __name__ == "__main__":
-    main()

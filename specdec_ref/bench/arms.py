@@ -27,11 +27,11 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from .bench_setup import BenchPair, PassCosts
-from .decoder import autoregressive_generate, speculative_generate
-from .sampling import SamplingConfig
-from .schedules import HeuristicDraftLength, ModelBasedDraftLength
-from .timing import synchronize, time_call
+from ..decoder import autoregressive_generate, speculative_generate
+from ..sampling import SamplingConfig
+from ..schedules import HeuristicDraftLength, ModelBasedDraftLength
+from ..timing import synchronize, time_call
+from .pair import BenchPair, PassCosts
 
 # The modes of the benchmark and the sampling settings each stands for.
 MODES = {

@@ -1,7 +1,7 @@
 """`python -m specdec_ref.bench`: a fair benchmark of speculative decoding against `transformers`.
 
 One process, one pair, one fixed prompt set, one fixed `max_new_tokens`, EOS off so
-every arm produces the same number of tokens. Every arm (`bench_arms.build_arms`) is
+every arm produces the same number of tokens. Every arm (`arms.build_arms`) is
 run once untimed as a warm-up, then `repeats` times over all prompts: for each prompt
 all arms in turn, in a round-robin order whose starting arm moves at every prompt and
 repetition, so slow drifts of a shared machine (other processes, clock changes)
@@ -30,9 +30,9 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from .bench_arms import MODES, Arm, ArmRunner, RunRecord, assisted_defaults, build_arms
-from .bench_setup import RandomPairShape, bench_prompts, load_bench_pair, measure_costs
-from .timing import Timing
+from ..timing import Timing
+from .arms import MODES, Arm, ArmRunner, RunRecord, assisted_defaults, build_arms
+from .pair import RandomPairShape, bench_prompts, load_bench_pair, measure_costs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BASELINE = "hf generate"
@@ -46,7 +46,7 @@ class BenchConfig:
     max_new_tokens: int = 128  # tokens generated per prompt by every arm
     repeats: int = 5  # timed repetitions over all prompts
     k_values: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)  # fixed K of the cached and assisted arms
-    modes: tuple[str, ...] = ("greedy", "t1.0", "t0.7")  # keys of bench_arms.MODES
+    modes: tuple[str, ...] = ("greedy", "t1.0", "t0.7")  # keys of arms.MODES
     num_prompts: int = 8  # prompts in the fixed set
     prompt_tokens: int = 32  # tokens per prompt (random pairs: between half and this)
     nocache_k: int = 4  # K of the specdec_ref arm without a KV cache
@@ -294,6 +294,3 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\nwrote {out}")
     return report
 
-
-if __name__ == "__main__":
-    main()

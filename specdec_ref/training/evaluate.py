@@ -1,6 +1,6 @@
 """Measure a trained draft / target pair and write its model card.
 
-Used by `train_tiny` right after training (and by `train_tiny --eval-only`). Every figure
+Used by `train` right after training (and by `python -m specdec_ref.training --eval-only`). Every figure
 is measured on the saved folders exactly as `load_pair` returns them (float32, CPU), on
 text the models never saw:
 
@@ -18,16 +18,18 @@ from __future__ import annotations
 import math
 import platform
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from .measure import measure_pass_latency
-
-if TYPE_CHECKING:
-    from .train_tiny import TrainConfig
+from ..acceptance import measure_alpha
+from ..decoder import GenerationStats, autoregressive_generate, speculative_generate
+from ..measure import measure_pass_latency
+from ..models import load_pair_from_folder
+from ..sampling import SamplingConfig
+from .config import TrainConfig
+from .corpus import held_out_prompts
 
 
 @torch.no_grad()
@@ -73,12 +75,6 @@ def _cpu_name() -> str:
 
 def evaluate_tiny(out: Path, held_out_ids: torch.Tensor, config: TrainConfig) -> dict:
     """Measure the saved pair as `load_pair` returns it (float32, CPU) on held-out text."""
-    from .analysis import measure_alpha
-    from .corpus import held_out_prompts
-    from .decoder import GenerationStats, autoregressive_generate, speculative_generate
-    from .models import load_pair_from_folder
-    from .sampling import SamplingConfig
-
     draft, target, tokenizer = load_pair_from_folder(out, device="cpu", dtype=torch.float32)
     ids = held_out_ids[: config.eval_tokens]  # (n_eval,)
     metrics: dict = {"perplexity": {"target": perplexity(target, ids, config.context),
@@ -141,11 +137,11 @@ def write_card(out: Path, m: dict) -> None:
 A draft / target pair of Llama-style causal LMs that ships inside `specdec_ref`, loads offline
 with `AutoModelForCausalLM.from_pretrained` and runs on a laptop CPU in milliseconds per token.
 Load it with `specdec_ref.load_pair("tiny")`. Every number below was measured by
-`python -m specdec_ref.train_tiny`, which wrote this card (and `metrics.json`, `training_log.csv`).
+`python -m specdec_ref.training`, which wrote this card (and `metrics.json`, `training_log.csv`).
 
 ## Corpus
 The Python {corpus["python"]} installation's own text, nothing downloaded and nothing committed
-(`specdec_ref.corpus`): the documentation topics of `pydoc_data.topics` and the standard library's
+(`specdec_ref.training.corpus`): the documentation topics of `pydoc_data.topics` and the standard library's
 source files (code, comments, docstrings; no test suites, codec tables or site-packages).
 Documents are split by a hash of their name: {corpus["train_documents"]} train documents
 ({corpus["train"] / 1e6:.1f} M characters, {corpus["train_tokens"] / 1e6:.2f} M tokens) and
@@ -176,7 +172,7 @@ Perplexity is measured on the first {m["perplexity"]["tokens"]} held-out tokens,
 {acc["prompt_tokens"]} tokens, {acc["new_tokens"]} new tokens each. alpha is the chance that one drafted token
 is accepted (the alpha of the analysis chapter), estimated as accepted / judged drafts (drafts after
 a rejection are never judged); E[beta] = E[sum_x min(p(x), q(x))] estimates it directly from p and q
-(`analysis.measure_alpha`); accepted / drafted is the decoder's `acceptance_rate`, lower by construction.
+(`acceptance.measure_alpha`); accepted / drafted is the decoder's `acceptance_rate`, lower by construction.
 
 | sampling | alpha | E[beta] | accepted / drafted | tokens per target call |
 |---|---|---|---|---|
@@ -202,7 +198,7 @@ Draft:
 ```
 
 ## Reproduce
-`python -m specdec_ref.train_tiny` (options: `--help`). The text is derived from Python's
+`python -m specdec_ref.training` (options: `--help`). The text is derived from Python's
 documentation and standard library, distributed under the PSF License.
 """
     if m.get("notes"):

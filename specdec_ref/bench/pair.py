@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from .measure import measure_pass_latency
-from .validation import context_length, vocab_size
+from ..measure import measure_pass_latency
+from ..validation import context_length, vocab_size
 
-# Prompts for a pair with a tokenizer when `specdec_ref.corpus` cannot provide held-out ones.
+# Prompts for a pair with a tokenizer when `specdec_ref.training.corpus` cannot provide held-out ones.
 FALLBACK_PROMPTS = (
     "The for statement is used to iterate over the elements of a sequence",
     "Return a new sorted list from the items in iterable.",
@@ -132,7 +132,7 @@ def load_bench_pair(name: str = "tiny", *, device: str | torch.device = "cpu", d
         pair = random_pair(shape, device=device, dtype=dtype)
         pair.note = f"the embedded tiny pair is not available ({missing}); using random-init models of its shapes"
         return pair
-    models = importlib.import_module(".models", __package__)
+    models = importlib.import_module("..models", __package__)
     draft, target, tokenizer = models.load_pair(name, device=device, dtype=dtype)
     sizes = f"{_count(target) / 1e6:.1f}M and {_count(draft) / 1e6:.1f}M parameters"
     return _prepared(BenchPair(target.eval(), draft.eval(), tokenizer, name, f"the {name} pair ({sizes})"))
@@ -141,7 +141,7 @@ def load_bench_pair(name: str = "tiny", *, device: str | torch.device = "cpu", d
 def _tiny_pair_missing() -> str | None:
     """Why the embedded tiny pair cannot be loaded (None when it can)."""
     try:
-        models = importlib.import_module(".models", __package__)
+        models = importlib.import_module("..models", __package__)
     except ImportError as error:
         return f"specdec_ref.models cannot be imported: {error}"
     folder = models.TINY_DIR
@@ -169,7 +169,7 @@ def bench_prompts(pair: BenchPair, num_prompts: int, *, prompt_tokens: int = 32,
                   seed: int = 0) -> tuple[list[torch.Tensor], str]:
     """A fixed prompt set for `pair`, each of shape (1, n) on the pair's device, and where it came from.
 
-    Held-out corpus prompts when the pair has a tokenizer and `specdec_ref.corpus` exists,
+    Held-out corpus prompts when the pair has a tokenizer and `specdec_ref.training.corpus` exists,
     else the fixed `FALLBACK_PROMPTS` (tokenized), else random token ids (random pairs).
     """
     if num_prompts < 1:
@@ -182,14 +182,14 @@ def bench_prompts(pair: BenchPair, num_prompts: int, *, prompt_tokens: int = 32,
         source = "random token ids"
     else:
         try:
-            corpus = importlib.import_module(".corpus", __package__)
+            corpus = importlib.import_module("..training.corpus", __package__)
             prompts = corpus.held_out_prompts(pair.tokenizer, num_prompts=num_prompts,
                                               prompt_tokens=prompt_tokens, seed=seed)
-            source = "specdec_ref.corpus held-out prompts"
+            source = "specdec_ref.training.corpus held-out prompts"
         except (ImportError, AttributeError):
             texts = [FALLBACK_PROMPTS[i % len(FALLBACK_PROMPTS)] for i in range(num_prompts)]
             prompts = [pair.tokenizer(text, return_tensors="pt")["input_ids"][:, :prompt_tokens] for text in texts]
-            source = "fixed prompt list (specdec_ref.corpus unavailable)"
+            source = "fixed prompt list (specdec_ref.training.corpus unavailable)"
     return [prompt.to(pair.device) for prompt in prompts], source
 
 

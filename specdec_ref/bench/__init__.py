@@ -1,0 +1,13 @@
+"""The fair benchmark against `transformers`: `python -m specdec_ref.bench`.
+
+* `pair`: what is measured: a model pair, a prompt set, the pair's pass costs c and v(K);
+* `arms`: the ways of generating that are compared, and one instrumented run of each;
+* `run`: the round-robin schedule, the JSON report and its table.
+
+The chapters read the report (`analysis.predicted_vs_measured`); nothing outside this
+subpackage imports it but the demo (`python -m specdec_ref`).
+"""
+
+from .run import BenchConfig, format_table, main, run_benchmark
+
+__all__ = ["BenchConfig", "format_table", "main", "run_benchmark"]

@@ -1,0 +1,9 @@
+"""The embedded tiny pair's recipe: corpus, configuration, training, measurement.
+
+* `corpus`: text that ships with Python, split into train and held-out documents;
+* `config`: `TrainConfig` and the two `ModelShape`s;
+* `train`: tokenizer, target, distilled draft, saved in float16 (`python -m specdec_ref.training`);
+* `evaluate`: held-out perplexity, acceptance and latencies, and the model card.
+
+The chapters never import this subpackage; `models.load_pair("tiny")` loads its output.
+"""
