@@ -58,12 +58,16 @@ def _default_device(device: str | torch.device | None) -> torch.device:
 
 
 def _default_dtype(dtype: torch.dtype | None, device: torch.device, embedded: bool) -> torch.dtype:
-    """float32 on CPUs and for the tiny pair (exact comparisons); half precision on GPUs."""
+    """float32 on CPUs and for the tiny pair (exact comparisons); half precision on GPUs.
+
+    bfloat16 only where the GPU computes it natively (Ampere and newer): a T4 reports
+    bf16 "supported" through emulation, which is slow, so it gets float16.
+    """
     if dtype is not None:
         return dtype
     if embedded or device.type == "cpu":
         return torch.float32
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+    if device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False):
         return torch.bfloat16
     return torch.float16
 

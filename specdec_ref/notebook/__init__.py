@@ -4,7 +4,19 @@
 * `plots`: the recurring figures, the widgets, and `show_source`.
 """
 
-from .pair import CPU_PAIR, GPU_PAIR, PAIR_ENV, BookPair, choose_pair, on_colab, open_pair
+from .pair import (
+    CPU_PAIR,
+    DTYPE_ENV,
+    GPU_PAIR,
+    PAIR_ENV,
+    THREADS_ENV,
+    BookPair,
+    choose_pair,
+    chosen_dtype,
+    cpu_threads,
+    on_colab,
+    open_pair,
+)
 from .plots import (
     DPI,
     FIGSIZE,
@@ -19,7 +31,25 @@ from .plots import (
 )
 
 __all__ = [
-    "CPU_PAIR", "DPI", "FIGSIZE", "GPU_PAIR", "PAIR_ENV", "BookPair", "choose_pair", "figure", "on_colab",
-    "open_pair", "plot_distributions", "plot_pass_time", "plot_roofline", "plot_timings",
-    "plot_verification_layout", "show_source", "slider_explorer",
+    "BookPair",
+    "CPU_PAIR",
+    "DPI",
+    "DTYPE_ENV",
+    "FIGSIZE",
+    "GPU_PAIR",
+    "PAIR_ENV",
+    "THREADS_ENV",
+    "choose_pair",
+    "chosen_dtype",
+    "cpu_threads",
+    "figure",
+    "on_colab",
+    "open_pair",
+    "plot_distributions",
+    "plot_pass_time",
+    "plot_roofline",
+    "plot_timings",
+    "plot_verification_layout",
+    "show_source",
+    "slider_explorer",
 ]

@@ -19,11 +19,43 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-# The environment variable that overrides the pair in every chapter.
+# The environment variables that override the pair, its dtype and the CPU threads in every chapter.
 PAIR_ENV = "SPECDEC_PAIR"
+DTYPE_ENV = "SPECDEC_DTYPE"
+THREADS_ENV = "SPECDEC_THREADS"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# How far two computations of the same probabilities may differ in each dtype (one pass
+# against K + 1 passes, cached against uncached): float32 rounding, or half precision's
+# 8 (bfloat16) and 11 (float16) significant bits. Measured on the tiny pair in bfloat16:
+# up to 7.8e-3 between the one-pass and the incremental p over 20 drafts.
+TOLERANCES = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 1e-2}
 # The pair a Colab GPU gets (the article's), and the one everything else gets.
 GPU_PAIR = "gpt2"
 CPU_PAIR = "tiny"
+
+
+def cpu_threads(environ: Mapping[str, str] | None = None) -> int:
+    """The torch CPU threads a chapter uses: `$SPECDEC_THREADS`, else 1 (steady timings on a busy machine).
+
+    `make nbval` sets 2: another thread count changes the order of float reductions the way
+    another CPU does, so an output that depends on the last bits fails here first.
+    """
+    environ = os.environ if environ is None else environ
+    value = environ.get(THREADS_ENV, "1").strip()
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{THREADS_ENV} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def chosen_dtype(environ: Mapping[str, str] | None = None) -> torch.dtype | None:
+    """The dtype `$SPECDEC_DTYPE` names (float32, bfloat16, float16), else None: `load_pair` decides."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(DTYPE_ENV, "").strip()
+    if not value:
+        return None
+    if value not in DTYPES:
+        raise ValueError(f"{DTYPE_ENV} must be one of {', '.join(DTYPES)}, got {value!r}")
+    return DTYPES[value]
 
 
 def on_colab() -> bool:
@@ -72,14 +104,28 @@ class BookPair:
     tokenizer: PreTrainedTokenizerBase  # shared by both models
     device: torch.device  # where both models live
 
-    def describe(self) -> str:
-        """One line: the pair, the size of each model, the device and dtype."""
-        def millions(model: PreTrainedModel) -> str:
-            return f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters"
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype both models compute in."""
+        return next(self.target_model.parameters()).dtype
 
-        dtype = next(self.target_model.parameters()).dtype
-        return (f"pair {self.name!r}: draft {millions(self.draft_model)}, target {millions(self.target_model)}, "
-                f"vocabulary {len(self.tokenizer)}, on {self.device.type} ({str(dtype).removeprefix('torch.')})")
+    @property
+    def tolerance(self) -> float:
+        """How far two computations of the same probabilities may differ in this dtype."""
+        return TOLERANCES[self.dtype]
+
+    def describe(self) -> str:
+        """Three short lines: the pair and its sizes, the vocabulary, the device and dtype."""
+        def millions(model: PreTrainedModel) -> str:
+            return f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M"
+
+        where = self.device.type
+        if self.device.type == "cuda":
+            where = f"cuda ({torch.cuda.get_device_name(self.device)})"
+        return (f"pair {self.name!r}: draft {millions(self.draft_model)}, "
+                f"target {millions(self.target_model)} parameters\n"
+                f"shared vocabulary: {len(self.tokenizer)} tokens\n"
+                f"device: {where}; dtype: {str(self.dtype).removeprefix('torch.')}")
 
     def encode(self, text: str) -> torch.Tensor:
         """Token ids of `text`, shape (1, n), on the pair's device."""
@@ -91,12 +137,15 @@ class BookPair:
         return self.tokenizer.decode(ids)
 
 
-def open_pair(override: str | None = None, *, device: torch.device | str | None = None) -> BookPair:
+def open_pair(override: str | None = None, *, device: torch.device | str | None = None,
+              dtype: torch.dtype | None = None) -> BookPair:
     """Load the pair `choose_pair(override)` names, in eval mode, on `device`.
 
     Args:
         override: a pair name; None lets `choose_pair` decide.
         device: default CUDA when available, else the CPU.
+        dtype: default `$SPECDEC_DTYPE`, else `load_pair`'s choice (float32 on a CPU and for
+            the tiny pair; bfloat16 on a GPU that computes it natively, else float16).
 
     Returns:
         A `BookPair`; print `.describe()` to show what was loaded.
@@ -113,7 +162,7 @@ def open_pair(override: str | None = None, *, device: torch.device | str | None 
     if quiet:
         hf_logging.disable_progress_bar()
     try:
-        draft_model, target_model, tokenizer = load_pair(name, device=device)
+        draft_model, target_model, tokenizer = load_pair(name, device=device, dtype=dtype or chosen_dtype())
     finally:
         if quiet:
             hf_logging.enable_progress_bar()
