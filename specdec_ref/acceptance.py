@@ -87,5 +87,5 @@ def alpha_from_trace(trace: Sequence[IterationRecord]) -> float:
     estimate under the independent-acceptance model.
     """
     accepted = sum(r.num_accepted for r in trace)
-    tested = sum(r.num_accepted + (r.num_accepted < len(r.drafted)) for r in trace)
+    tested = sum(r.num_judged for r in trace)
     return accepted / tested if tested else float("nan")

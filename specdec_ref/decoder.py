@@ -25,7 +25,7 @@ from .drafting import draft_tokens
 from .kv_cache import LogitsSource, make_logits_source
 from .rejection import accept_reject
 from .sampling import SamplingConfig, logits_to_probs, sample
-from .schedules import DraftLengthSchedule, as_schedule
+from .schedules import DraftLengthSchedule, as_schedule, next_draft_length
 from .validation import check_generation_args, eos_set
 from .verification import target_distributions
 
@@ -44,12 +44,17 @@ class GenerationStats:
 
     @property
     def acceptance_rate(self) -> float:
-        """alpha: accepted drafts / drafted tokens (nan when nothing was drafted)."""
+        """Acceptance rate: accepted drafts / drafted tokens (nan when nothing was drafted).
+
+        Not alpha: drafts after the first rejection in a block count as drafted but are
+        never judged, so when K > 1 this is lower than alpha, the chance one draft is
+        accepted; `per_token_acceptance` estimates alpha.
+        """
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else float("nan")
 
     @property
     def per_token_acceptance(self) -> float:
-        """Estimate of the chance one draft is accepted: accepted / judged drafts.
+        """Estimate of alpha, the chance one draft is accepted: accepted / judged drafts.
 
         Drafts after the first rejection in a block are never judged, so
         `acceptance_rate` (accepted / drafted) underestimates it when K > 1.
@@ -64,11 +69,23 @@ class GenerationStats:
 
 @dataclass
 class IterationRecord:
-    """What one iteration drafted and what it emitted."""
+    """What one iteration drafted and what it emitted.
+
+    Always `emitted[:num_accepted] == drafted[:num_accepted]`. Then one correction
+    (after a rejection) or bonus token (after K acceptances) follows, unless an
+    accepted draft was an EOS: the block ends there, `emitted` is exactly the accepted
+    drafts up to that EOS, and the drafts after it count neither as accepted nor judged.
+    """
 
     drafted: list[int]  # the K draft tokens
     emitted: list[int]  # accepted drafts + one correction or bonus token (cut after EOS)
-    num_accepted: int  # how many drafts the target accepted
+    num_accepted: int  # drafts the target accepted and that were emitted (none after an EOS)
+
+    @property
+    def num_judged(self) -> int:
+        """Drafts the target got to judge: the accepted ones, plus the rejected one if any."""
+        rejected = self.num_accepted < len(self.drafted) and len(self.emitted) > self.num_accepted
+        return self.num_accepted + rejected
 
 
 @dataclass
@@ -103,7 +120,7 @@ def speculative_step(
     Args:
         target, draft: the two models wrapped as logits sources (`kv_cache`).
         sequence: the tokens so far, shape (1, n).
-        num_draft_tokens: K for this iteration (0 makes it one plain target step).
+        num_draft_tokens: K >= 0 for this iteration (0 makes it one plain target step).
         sampling, generator: as in `speculative_generate`.
         eos: token ids after which generation stops.
 
@@ -116,6 +133,8 @@ def speculative_step(
     emitted = accept_reject(proposal.tokens, proposal.probs, p, generator, greedy=sampling.greedy)
     num_accepted = len(emitted) - 1
     emitted, hit_eos = _cut_after_eos(emitted, eos)
+    # An EOS among the accepted drafts ends the block: the drafts after it are dropped.
+    num_accepted = min(num_accepted, len(emitted))
     new = torch.tensor([emitted], dtype=sequence.dtype, device=sequence.device)
     sequence = torch.cat([sequence, new], dim=1)  # (1, n + emitted)
     # Roll both caches back to the prefix and the accepted drafts. The last token of the
@@ -137,7 +156,7 @@ def speculative_generate(
     num_draft_tokens: int | DraftLengthSchedule = 4,
     sampling: SamplingConfig = SamplingConfig(),
     generator: torch.Generator | None = None,
-    eos_token_id: int | list[int] | None = None,
+    eos_token_id: int | list[int] | torch.Tensor | None = None,
     use_cache: bool = True,
 ) -> GenerationOutput:
     """Generate with a draft model proposing and the target model verifying.
@@ -147,10 +166,12 @@ def speculative_generate(
         draft_model: the small model; must share the target's vocabulary and device.
         input_ids: the prompt, shape (1, n) with n >= 1.
         max_new_tokens: the most tokens to add (exactly this many unless EOS comes first).
-        num_draft_tokens: K per iteration, or a schedule that adapts K (`schedules`).
+        num_draft_tokens: K >= 1 per iteration, or a schedule that adapts K (`schedules`);
+            a schedule's next_k() may return any integer >= 0 (0: one plain target step).
         sampling: temperature / top-k / top-p for both models; temperature 0 is greedy.
         generator: the only source of randomness.
-        eos_token_id: stop right after any of these tokens (None: never stop early).
+        eos_token_id: stop right after any of these tokens (None: never stop early); an
+            integer-like id (int, numpy integer, 0-d tensor) or a list / set / 1-d tensor.
         use_cache: keep a KV cache in both models (False: the teaching path that
             recomputes every pass from scratch).
 
@@ -170,14 +191,16 @@ def speculative_generate(
     draft = make_logits_source(draft_model, use_cache)
     sequence, stats, trace = input_ids, GenerationStats(), []
     while stats.new_tokens < max_new_tokens:
-        # Never draft past the budget: K drafts can emit up to K + 1 tokens.
-        k = min(schedule.next_k(), max_new_tokens - stats.new_tokens - 1)
+        # Never draft past the budget: K drafts can emit up to K + 1 tokens. The schedule
+        # sees the K actually drafted, smaller than it asked for when the budget cut in.
+        k = min(next_draft_length(schedule), max_new_tokens - stats.new_tokens - 1)
         sequence, record, hit_eos = speculative_step(target, draft, sequence, k, sampling, generator, eos)
-        schedule.update(k, record.num_accepted)
+        # Drafts after an accepted EOS never count: the schedule hears of a short block.
+        schedule.update(k if len(record.emitted) > record.num_accepted else record.num_accepted, record.num_accepted)
         stats.iterations += 1
         stats.drafted_tokens += k
         stats.accepted_tokens += record.num_accepted
-        stats.judged_tokens += record.num_accepted + (record.num_accepted < k)
+        stats.judged_tokens += record.num_judged
         stats.new_tokens += len(record.emitted)
         trace.append(record)
         if hit_eos:
@@ -194,7 +217,7 @@ def autoregressive_generate(
     max_new_tokens: int,
     sampling: SamplingConfig = SamplingConfig(),
     generator: torch.Generator | None = None,
-    eos_token_id: int | list[int] | None = None,
+    eos_token_id: int | list[int] | torch.Tensor | None = None,
     use_cache: bool = True,
 ) -> GenerationOutput:
     """The baseline: one forward pass of `model` per new token.

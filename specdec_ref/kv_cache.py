@@ -10,6 +10,13 @@ model for "the logits of the last m positions of this sequence". Two ways to ans
   keys and values of tokens that are no longer in the sequence, so `rollback(n)`
   crops it back to the first n tokens.
 
+Models with a sliding attention window (Mistral, Gemma 2 and 3) keep only the last
+`sliding_window - 1` keys in their sliding layers, so a plain crop would have to
+restore keys that were already dropped. `CachedForward` switches such a cache to
+"past recording" (what `transformers`' own assisted generation does): each pass keeps
+every new key until the next `rollback`, which removes the rejected tokens and only
+then trims the layer back to its window.
+
 Invariant: after `rollback(n)`, the logits a `CachedForward` returns for any
 continuation equal (up to float rounding) those of a fresh pass over the sequence.
 The draft is fed exactly the tokens it has not seen: the correction after a
@@ -22,6 +29,7 @@ import inspect
 from typing import Protocol
 
 import torch
+import transformers
 from transformers import DynamicCache, PreTrainedModel
 
 
@@ -67,7 +75,7 @@ class CachedForward:
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
         self.forward_calls = 0
-        self.cache = DynamicCache(config=model.config)
+        self.cache = rollback_cache(model)
         # transformers >= 5.24 names the argument `cache`; older releases `past_key_values`.
         self._cache_kwarg = "cache" if _accepts_keyword(model, "cache") else "past_key_values"
         self._logits_to_keep = _accepts_keyword(model, "logits_to_keep")
@@ -109,7 +117,57 @@ class CachedForward:
         """
         excess = self.cached_length - length
         if excess > 0:
+            if not getattr(self.cache, "is_croppable", True):
+                # e.g. recurrent (linear-attention) layers, whose state cannot be cut back.
+                raise ValueError(
+                    f"{type(self.model).__name__}'s cache ({type(self.cache).__name__} with layers "
+                    f"{sorted({type(layer).__name__ for layer in self.cache.layers})}) cannot be rolled back; "
+                    "pass use_cache=False"
+                )
+            for layer in _sliding_layers(self.cache):
+                # A sliding layer holds its last window plus the keys fed since the last
+                # rollback; keys older than that are gone and cannot be brought back.
+                if layer.is_initialized and layer.keys.shape[-2] - excess < min(layer.sliding_window - 1, length):
+                    raise ValueError(
+                        f"cannot roll {type(self.model).__name__}'s cache back from {self.cached_length} to "
+                        f"{length} tokens: its sliding-window layers (window {layer.sliding_window}) only "
+                        "keep the tokens fed since the previous rollback"
+                    )
             self.cache.crop(-excess)
+        else:
+            # Nothing to forget, but sliding layers still hold the keys of the last pass
+            # beyond their window: crop(0) trims them (a no-op on full-attention layers).
+            for layer in _sliding_layers(self.cache):
+                layer.crop(0)
+
+
+def _sliding_layers(cache: DynamicCache) -> list:
+    """The cache's sliding-window layers (none for a full-attention model)."""
+    return [layer for layer in getattr(cache, "layers", []) if getattr(layer, "is_sliding", False)]
+
+
+def rollback_cache(model: PreTrainedModel) -> DynamicCache:
+    """A `DynamicCache` for `model` that `CachedForward.rollback` can crop at any length.
+
+    Full-attention layers can always be cropped. Sliding-window layers drop keys that
+    fall out of the window, so they are put in past-recording mode: keys stay until the
+    next rollback has removed the rejected tokens.
+
+    Raises:
+        ValueError: if the model has sliding-window layers and this `transformers`
+            release cannot record their past (use `use_cache=False` there).
+    """
+    cache = DynamicCache(config=model.config)
+    sliding = _sliding_layers(cache)
+    if sliding and not all(hasattr(layer, "activate_past_recording") for layer in sliding):
+        raise ValueError(
+            f"{type(model).__name__} uses sliding-window attention (sliding_window="
+            f"{getattr(model.config, 'sliding_window', None)}), and transformers {transformers.__version__} "
+            "cannot roll back a sliding-window cache; upgrade transformers or pass use_cache=False"
+        )
+    for layer in sliding:
+        layer.activate_past_recording()
+    return cache
 
 
 def make_logits_source(model: PreTrainedModel, use_cache: bool) -> LogitsSource:

@@ -7,7 +7,9 @@ through the one function here, `logits_to_probs`, in the order `transformers`'
 `generate` applies its warpers: temperature, then top-k, then top-p.
 
 Temperature 0 means greedy decoding: the "distribution" is a one-hot vector on the
-argmax, which makes the greedy path a special case of the same bookkeeping.
+argmax, which makes the greedy path a special case of the same bookkeeping. Any
+temperature above 0, however small, is computed without overflow: as T -> 0 the
+distribution tends to uniform over the maximal logits, which is greedy but for ties.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 class SamplingConfig:
     """How a token is chosen from the logits (shared by draft and target)."""
 
-    # Softmax temperature; 0 means greedy (argmax), larger flattens the distribution.
+    # Softmax temperature, finite and >= 0; 0 means greedy (argmax), larger flattens.
     temperature: float = 1.0
     # Keep only the k most likely tokens (ties with the k-th are kept); None keeps all.
     top_k: int | None = None
@@ -77,14 +79,20 @@ def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Ten
 
     Returns:
         float32 probabilities of the same shape; each row sums to 1. Greedy
-        (temperature 0) gives a one-hot row on the first argmax.
+        (temperature 0) gives a one-hot row on the first argmax; a tiny temperature
+        gives its limit, uniform over the maximal logits (no NaN, no overflow).
     """
     logits = logits.float()  # (..., V) softmax in float32 even for bf16 models
     if sampling.greedy:
         # Greedy: all mass on the argmax (the first one on ties, as torch.argmax does).
         probs = torch.zeros_like(logits)
         return probs.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    scores = logits / sampling.temperature
+    # Temperature, as (logits - max) / T: the same softmax for every T > 0, and stable
+    # for a tiny T (1e-45), where logits / T would overflow to inf - inf = NaN. The
+    # maximal logits score 0 and every other one tends to -inf, so the distribution
+    # tends to its T -> 0 limit: uniform over the argmax (a single token but for ties).
+    top = logits.amax(-1, keepdim=True)  # (..., 1)
+    scores = torch.where(logits == top, 0.0, (logits - top) / sampling.temperature)  # (..., V)
     if sampling.top_k is not None:
         # Top-k: mask everything strictly below the k-th largest score.
         k = min(sampling.top_k, scores.size(-1))

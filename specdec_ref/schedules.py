@@ -21,10 +21,19 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .analysis import VerifyCost, optimal_draft_length
+from .validation import as_integer, check_draft_length
 
 
 class DraftLengthSchedule(Protocol):
-    """Proposes K before each iteration and learns from what was accepted."""
+    """Proposes K before each iteration and learns from what was accepted.
+
+    `next_k()` returns an integer K >= 0 (0: no drafts, one plain target step); the
+    decoder raises a `ValueError` / `TypeError` naming the schedule for anything else.
+    `update(num_drafted, num_accepted)` follows each iteration: `num_drafted` is the K
+    actually drafted, which is less than the K asked for when the token budget cut the
+    block short (or, when an accepted draft was an EOS, the drafts up to it), and
+    `num_accepted` counts the accepted drafts that were emitted.
+    """
 
     def next_k(self) -> int: ...
 
@@ -49,7 +58,13 @@ class FixedDraftLength:
 
 @dataclass
 class HeuristicDraftLength:
-    """+2 after a fully accepted block, -1 after any rejection, within [min_k, max_k]."""
+    """+2 after a fully accepted block, -1 after any rejection, within [min_k, max_k].
+
+    The rule of `transformers`' assisted generation ("heuristic" schedule), with one
+    difference: a block the token budget cut short (fewer drafts than the K proposed)
+    that was fully accepted leaves K alone, since it never tested K drafts; a rejection
+    in it still counts, as the same rejection would have ended a block of K.
+    """
 
     k: int = 5  # the current K, adapted after every block
     min_k: int = 1  # never draft fewer than this
@@ -65,16 +80,18 @@ class HeuristicDraftLength:
         return self.k
 
     def update(self, num_drafted: int, num_accepted: int) -> None:
-        # A block shortened by the token budget (num_drafted < k) says nothing new.
-        if num_drafted == 0:
+        # A short block (num_drafted < k, including no drafts at all) with no rejection
+        # says nothing about K: only a full block of k accepted drafts earns the +2.
+        rejected = num_accepted < num_drafted
+        if num_drafted < self.k and not rejected:
             return
-        step = 2 if num_accepted == num_drafted else -1
+        step = -1 if rejected else 2
         self.k = max(self.min_k, min(self.max_k, self.k + step))
 
 
 @dataclass
 class ModelBasedDraftLength:
-    """Pick K from the measured acceptance rate and the draft/target cost ratio.
+    """Pick K from an estimate of alpha and the draft/target cost ratio.
 
     alpha is estimated as accepted / judged drafts (those the target got to judge),
     with older iterations weighted down by `memory` so the estimate follows the text,
@@ -106,7 +123,7 @@ class ModelBasedDraftLength:
 
     @property
     def alpha(self) -> float:
-        """The current estimate of the acceptance rate."""
+        """The current estimate of alpha, the chance that one drafted token is accepted."""
         return (self.accepted + self.prior_alpha * self.prior_weight) / (self.judged + self.prior_weight)
 
     def next_k(self) -> int:
@@ -126,9 +143,30 @@ def _check_positive(name: str, value: object) -> None:
 
 
 def as_schedule(num_draft_tokens: int | DraftLengthSchedule) -> DraftLengthSchedule:
-    """An int becomes `FixedDraftLength`; a schedule is used as it is."""
-    if isinstance(num_draft_tokens, int) and not isinstance(num_draft_tokens, bool):
-        return FixedDraftLength(num_draft_tokens)
+    """An integer (int, numpy integer) becomes `FixedDraftLength`; a schedule is used as it is.
+
+    Raises:
+        TypeError: if `num_draft_tokens` is neither an integer nor a schedule.
+        ValueError: if it is an integer below 1.
+    """
     if hasattr(num_draft_tokens, "next_k") and hasattr(num_draft_tokens, "update"):
         return num_draft_tokens
-    raise ValueError(f"num_draft_tokens must be an integer >= 1 or a schedule, got {num_draft_tokens!r}")
+    k = as_integer(num_draft_tokens)
+    if k is None:
+        raise TypeError(
+            f"num_draft_tokens must be an integer >= 1 or a schedule (with next_k and update), "
+            f"got {num_draft_tokens!r}"
+        )
+    if k < 1:
+        raise ValueError(f"num_draft_tokens must be an integer >= 1 or a schedule, got {num_draft_tokens!r}")
+    return FixedDraftLength(k)
+
+
+def next_draft_length(schedule: DraftLengthSchedule) -> int:
+    """`schedule.next_k()` as a checked Python int >= 0.
+
+    Raises:
+        TypeError / ValueError: naming the schedule and the value, if next_k() returned
+            anything but an integer >= 0 (a float, a bool, a negative number).
+    """
+    return check_draft_length(schedule.next_k(), f"{type(schedule).__name__}.next_k()")

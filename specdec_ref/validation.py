@@ -6,7 +6,7 @@ the argument, the value received and what is allowed, before any model runs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import operator
 
 import torch
 from transformers import PreTrainedModel
@@ -35,14 +35,69 @@ def model_device(model: PreTrainedModel) -> torch.device:
     return next(model.parameters()).device
 
 
-def eos_set(eos_token_id: int | Iterable[int] | None) -> set[int]:
-    """The end-of-sequence ids as a set (empty: never stop early)."""
+def as_integer(value: object) -> int | None:
+    """`value` as a Python int if it is integer-like (int, numpy integer, one-element
+    integer tensor), else None. Booleans are not counted as integers here."""
+    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        return None
+    if isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex()):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def eos_set(eos_token_id: object) -> set[int]:
+    """The end-of-sequence ids as a set of Python ints (empty: never stop early).
+
+    Args:
+        eos_token_id: None, one integer-like id (int, numpy integer, 0-d integer
+            tensor), or a list / tuple / set / 1-d integer tensor of them.
+
+    Raises:
+        TypeError: for anything else (a float, a string, a 2-d tensor, a bool).
+        ValueError: for a negative id.
+    """
     if eos_token_id is None:
         return set()
-    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-        raise ValueError(f"eos_token_id must be None, an int >= 0 or a list of them, got {eos_token_id!r}")
-    return set(ids)
+    allowed = "None, an integer id >= 0, or a list / tuple / set / 1-d integer tensor of them"
+    if isinstance(eos_token_id, torch.Tensor):
+        if eos_token_id.dim() > 1:
+            raise TypeError(f"eos_token_id must be {allowed}, got a tensor of shape {tuple(eos_token_id.shape)}")
+        items = list(eos_token_id.reshape(-1).unbind())
+    elif isinstance(eos_token_id, (list, tuple, set, frozenset)):
+        items = list(eos_token_id)
+    else:
+        items = [eos_token_id]
+    ids = set()
+    for item in items:
+        token = as_integer(item)
+        if token is None:
+            raise TypeError(f"eos_token_id must be {allowed}, got {eos_token_id!r}")
+        if token < 0:
+            raise ValueError(f"eos_token_id must hold token ids >= 0, got {token} in {eos_token_id!r}")
+        ids.add(token)
+    return ids
+
+
+def check_draft_length(k: object, source: str) -> int:
+    """A draft length K as a Python int >= 0, or a clear error naming where it came from.
+
+    Args:
+        k: the value a schedule's `next_k()` returned.
+        source: what produced it, for the message (e.g. "MySchedule.next_k()").
+
+    Raises:
+        TypeError: if `k` is not an integer (a float, a bool, None).
+        ValueError: if `k` is negative.
+    """
+    value = as_integer(k)
+    if value is None:
+        raise TypeError(f"{source} must return an integer K >= 0 (0 drafts nothing), got {k!r}")
+    if value < 0:
+        raise ValueError(f"{source} must return an integer K >= 0 (0 drafts nothing), got {k!r}")
+    return value
 
 
 def check_generation_args(
@@ -70,8 +125,13 @@ def check_generation_args(
         raise ValueError("input_ids is empty: the prompt must have at least one token")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-    if isinstance(num_draft_tokens, bool) or (isinstance(num_draft_tokens, int) and num_draft_tokens < 1):
-        raise ValueError(f"num_draft_tokens must be an integer >= 1 or a schedule, got {num_draft_tokens!r}")
+    if not (hasattr(num_draft_tokens, "next_k") and hasattr(num_draft_tokens, "update")):
+        k = as_integer(num_draft_tokens)
+        if k is None or k < 1:
+            raise (TypeError if k is None else ValueError)(
+                f"num_draft_tokens must be an integer >= 1 or a schedule (with next_k and update), "
+                f"got {num_draft_tokens!r}"
+            )
     if not isinstance(sampling, SamplingConfig):
         raise TypeError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
     if generator is not None and not isinstance(generator, torch.Generator):
@@ -103,5 +163,10 @@ def check_generation_args(
     if input_ids.device != device:
         raise ValueError(f"input_ids is on {input_ids.device} but {first} is on {device}: move the prompt there")
     vocab = vocab_size(models[first])
-    if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
-        raise ValueError(f"input_ids must hold token ids in [0, {vocab}), got values up to {int(input_ids.max())}")
+    outside = ((input_ids < 0) | (input_ids >= vocab)).nonzero()  # (bad, 2) positions
+    if outside.numel():
+        position = int(outside[0, 1])
+        raise ValueError(
+            f"input_ids must hold token ids in [0, {vocab}), got {int(input_ids[0, position])} at position "
+            f"{position}" + (f" ({outside.size(0)} ids out of range)" if outside.size(0) > 1 else "")
+        )

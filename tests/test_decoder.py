@@ -8,6 +8,7 @@ from conftest import make_model, noisy_copy
 from scipy.stats import chisquare
 
 from specdec_ref import SamplingConfig, autoregressive_generate, speculative_generate
+from specdec_ref.decoder import GenerationStats
 from specdec_ref.kv_cache import FullForward
 from specdec_ref.sampling import logits_to_probs
 from specdec_ref.verification import target_distributions
@@ -129,18 +130,39 @@ def test_exactly_max_new_tokens(close_pair, max_new_tokens, k):
 
 
 def test_stops_right_after_eos_inside_an_accepted_block():
-    """An EOS accepted in the middle of a draft block ends generation right after it."""
+    """An EOS accepted in the middle of a draft block ends generation right after it,
+    and the drafts after it count neither as accepted nor as judged."""
     target = make_model("llama", layers=2, seed=1)
     prompt = torch.tensor([[3, 4, 5]])
     reference = target.generate(prompt, max_new_tokens=30, min_new_tokens=30, do_sample=False)[0, 3:].tolist()
-    # Pick an EOS id that first appears mid-way; a perfect draft accepts whole blocks of 5.
-    position = next(i for i in range(2, 30) if i % 6 not in (0, 5) and reference[i] not in reference[:i])
+    # Pick an EOS id that first appears as draft 2, 3 or 4 of a block: a perfect draft
+    # accepts whole blocks of K = 5 (6 tokens each), so drafts follow the EOS in its block.
+    position = next(i for i in range(2, 30) if i % 6 in (1, 2, 3) and reference[i] not in reference[:i])
     eos = reference[position]
     out = speculative_generate(target, target, prompt, max_new_tokens=30, num_draft_tokens=5,
                                sampling=GREEDY, eos_token_id=eos)
     assert out.sequences[0, 3:].tolist() == reference[: position + 1]
     last = out.trace[-1]
-    assert last.emitted[-1] == eos and len(last.emitted) <= last.num_accepted  # cut inside the accepted drafts
+    assert last.emitted[-1] == eos and last.emitted == last.drafted[: len(last.emitted)]
+    assert last.num_accepted == last.num_judged == len(last.emitted) < len(last.drafted)
+    # Every accepted token is emitted; only the full blocks add a bonus token each.
+    stats, full_blocks = out.stats, len(out.trace) - 1
+    assert stats.accepted_tokens == stats.judged_tokens == stats.new_tokens - full_blocks
+    assert stats.drafted_tokens == 5 * len(out.trace)
+
+
+def test_acceptance_rate_is_not_alpha(close_pair):
+    """acceptance_rate = accepted / drafted; per_token_acceptance (alpha's estimate) = accepted / judged,
+    higher when K > 1 because drafts after a rejection are never judged."""
+    target, draft = close_pair
+    out = speculative_generate(target, draft, torch.tensor([[3, 4]]), max_new_tokens=60, num_draft_tokens=4,
+                               generator=torch.Generator().manual_seed(0))
+    stats = out.stats
+    assert stats.judged_tokens == sum(r.num_judged for r in out.trace)
+    assert stats.acceptance_rate == stats.accepted_tokens / stats.drafted_tokens
+    assert stats.per_token_acceptance == stats.accepted_tokens / stats.judged_tokens
+    assert 0 < stats.acceptance_rate < stats.per_token_acceptance < 1
+    assert "alpha" not in GenerationStats.acceptance_rate.__doc__.split(":")[0]
 
 
 @pytest.mark.parametrize(
@@ -154,6 +176,7 @@ def test_stops_right_after_eos_inside_an_accepted_block():
         ({"max_new_tokens": 600}, "context length"),
         ({"input_ids": torch.tensor([[1, 99]])}, "input_ids must hold token ids"),
         ({"eos_token_id": -3}, "eos_token_id"),
+        ({"input_ids": torch.tensor([[1, -4]])}, "got -4 at position 1"),
     ],
 )
 def test_bad_arguments_raise_value_errors(pair, change, match):

@@ -72,7 +72,8 @@ def test_rollback_restores_logits_in_every_case(family):
     _, _, sequence, _ = run_step(target_model, target_model, 4)
     eos = {int(sequence[0, 5])}
     target, draft, sequence, record = run_step(target_model, target_model, 4, eos=eos)
-    assert record.emitted[-1] in eos and len(record.emitted) == 2 and record.num_accepted == 4
+    assert record.emitted[-1] in eos and len(record.emitted) == 2 and len(record.drafted) == 4
+    assert record.num_accepted == record.num_judged == 2  # the drafts after the EOS do not count
     assert_cache_matches_fresh_pass(target, sequence)
     assert_cache_matches_fresh_pass(draft, sequence)
     # The cases really did cover: a block with no acceptance, a partial one, a full one.
@@ -127,3 +128,22 @@ def test_heuristic_schedule_follows_its_rule():
     for drafted, accepted, expected in [(3, 3, 5), (5, 5, 6), (6, 1, 5), (5, 0, 4), (4, 0, 3), (3, 0, 2), (2, 0, 2)]:
         schedule.update(drafted, accepted)
         assert schedule.next_k() == expected
+
+
+def test_heuristic_schedule_ignores_a_fully_accepted_short_block():
+    """A block cut short by the budget (or K = 0) tested fewer than K drafts: no +2; a rejection still -1."""
+    schedule = HeuristicDraftLength(k=5, min_k=1, max_k=16)
+    for drafted, accepted, expected in [(3, 3, 5), (0, 0, 5), (3, 1, 4), (4, 4, 6)]:
+        schedule.update(drafted, accepted)
+        assert schedule.next_k() == expected
+
+
+def test_heuristic_schedule_sees_the_budget_cut_block_as_short():
+    """Perfect draft, 17 tokens: K = 2, 4, 6 fill 15, the budget allows K = 1, and K stays 8."""
+    target = make_model("llama", layers=2, seed=1)
+    schedule = HeuristicDraftLength(k=2, min_k=1, max_k=16)
+    out = speculative_generate(target, target, torch.tensor([[5, 6]]), max_new_tokens=17, num_draft_tokens=schedule,
+                               sampling=GREEDY)
+    assert [len(r.drafted) for r in out.trace] == [2, 4, 6, 1]
+    assert all(r.num_accepted == len(r.drafted) for r in out.trace)
+    assert schedule.k == 8  # transformers' rule would have moved on to 10

@@ -41,6 +41,17 @@ def test_greedy_is_one_hot_on_first_argmax():
     assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0]]
 
 
+@pytest.mark.parametrize("temperature", [1e-45, 1e-320, 5e-324])
+def test_tiny_temperature_tends_to_greedy(temperature):
+    """T -> 0 without overflow: one-hot on the argmax, uniform over tied maxima, never NaN."""
+    logits = torch.tensor([[1.0, 3.0, -2.0, 0.5], [2.0, -1.0, 2.0, 0.0]])
+    for config in (SamplingConfig(temperature), SamplingConfig(temperature, top_k=2, top_p=0.9)):
+        probs = logits_to_probs(logits, config)
+        assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0], [0.5, 0.0, 0.5, 0.0]]
+    # Far from the limit, a small temperature is still the ordinary softmax of logits / T.
+    assert torch.allclose(logits_to_probs(logits, SamplingConfig(0.5)), (logits / 0.5).softmax(-1))
+
+
 def test_top_k_keeps_ties_and_top_p_keeps_the_top_token():
     """Ties with the k-th score survive; a tiny top_p still keeps one token."""
     logits = torch.tensor([[3.0, 1.0, 1.0, 0.0]])

@@ -1,0 +1,261 @@
+"""Edges of the core loop: sliding windows, tiny temperatures, integer-like ids, bad
+schedules, and an EOS accepted in the middle of a block."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_model, noisy_copy
+from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    MistralConfig,
+    MistralForCausalLM,
+)
+from transformers.cache_utils import DynamicSlidingWindowLayer
+
+from specdec_ref import SamplingConfig, autoregressive_generate, speculative_generate
+from specdec_ref.decoder import speculative_step
+from specdec_ref.kv_cache import CachedForward, FullForward, rollback_cache
+
+GREEDY = SamplingConfig(temperature=0.0)
+WINDOW = 6
+
+
+def sliding_model(family: str, *, window: int = WINDOW, seed: int = 0):
+    """A tiny random-init model with a sliding attention window (all layers for Mistral,
+    every other layer for Gemma 2 and 3). Gemma's embeddings are untied: tied, its tiny
+    random models echo the last token and never reject a draft."""
+    torch.manual_seed(seed)
+    common = dict(vocab_size=48, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  bos_token_id=0, eos_token_id=1, pad_token_id=None, initializer_range=0.2,
+                  sliding_window=window)
+    if family == "mistral":
+        model = MistralForCausalLM(MistralConfig(**common))
+    elif family == "gemma2":
+        model = Gemma2ForCausalLM(Gemma2Config(head_dim=16, tie_word_embeddings=False, **common))
+    else:
+        model = Gemma3ForCausalLM(Gemma3TextConfig(head_dim=16, tie_word_embeddings=False,
+                                                   sliding_window_pattern=2, **common))
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+def greedy_reference(model, prompt, n):
+    return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2", "gemma3"])
+def test_sliding_window_greedy_matches_target_generate(family):
+    """K=3, 60 tokens, window 6: rollbacks far past the window give generate's tokens."""
+    target = sliding_model(family)
+    draft = noisy_copy(target, noise=0.1, seed=3)
+    prompt = torch.tensor([[3, 4, 5]])
+    expected = greedy_reference(target, prompt, 60)
+    # The window really shapes the output: without it, greedy decoding differs.
+    assert not torch.equal(expected, greedy_reference(sliding_model(family, window=4096), prompt, 60))
+    out = speculative_generate(target, draft, prompt, max_new_tokens=60, num_draft_tokens=3, sampling=GREEDY)
+    assert torch.equal(out.sequences, expected)
+    assert 0 < out.stats.accepted_tokens < out.stats.judged_tokens  # rejections, hence rollbacks
+
+
+def test_sliding_window_sampling_is_the_same_with_and_without_cache():
+    """Temperature 1, same seed: the cached decoder draws exactly what the cache-free one does."""
+    target = sliding_model("mistral")
+    draft = noisy_copy(target, noise=0.1, seed=3)
+    runs = [speculative_generate(target, draft, torch.tensor([[3, 4, 5]]), max_new_tokens=40, num_draft_tokens=3,
+                                 generator=torch.Generator().manual_seed(2), use_cache=use_cache)
+            for use_cache in (True, False)]
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+    assert runs[0].stats.accepted_tokens < runs[0].stats.drafted_tokens
+
+
+def test_sliding_layers_are_trimmed_back_to_their_window():
+    """After every iteration a sliding layer holds at most window - 1 keys; logits stay exact."""
+    target_model = sliding_model("gemma2")
+    target, draft = CachedForward(target_model), CachedForward(noisy_copy(target_model, noise=0.1, seed=3))
+    sequence = torch.tensor([[3, 4, 5]])
+    for _ in range(15):
+        sequence, _, _ = speculative_step(target, draft, sequence, 3, GREEDY)
+        for source in (target, draft):
+            layers = source.cache.layers
+            assert [layer.keys.shape[-2] <= WINDOW - 1 for layer in layers if layer.is_sliding] == [True]
+            assert [layer.keys.shape[-2] for layer in layers if not layer.is_sliding] == [source.cached_length]
+    assert sequence.size(1) > 3 * WINDOW
+    assert torch.allclose(target.last_logits(sequence, 1), FullForward(target_model).last_logits(sequence, 1),
+                          atol=1e-5)
+
+
+def test_sliding_rollback_beyond_what_was_kept_is_refused():
+    """Keys that left the window cannot come back: rolling back that far is a ValueError."""
+    source = CachedForward(sliding_model("mistral"))
+    sequence = torch.arange(2, 42)[None]  # (1, 40)
+    source.last_logits(sequence, 1)
+    source.rollback(38)  # fine: trims every sliding layer to its window
+    with pytest.raises(ValueError, match="sliding-window layers .window 6"):
+        source.rollback(20)
+
+
+def test_sliding_window_without_past_recording_is_refused_up_front(monkeypatch):
+    """A transformers release that cannot record a sliding layer's past gets a clear error."""
+    monkeypatch.delattr(DynamicSlidingWindowLayer, "activate_past_recording")
+    with pytest.raises(ValueError, match="MistralForCausalLM uses sliding-window attention .sliding_window=6"):
+        rollback_cache(sliding_model("mistral"))
+
+
+@pytest.mark.parametrize("temperature", [1e-45, 1e-320])
+def test_tiny_temperature_generates_the_greedy_tokens(close_pair, temperature):
+    """T -> 0 is greedy in the limit: both decoders emit the greedy tokens, no NaN, no error."""
+    target, draft = close_pair
+    prompt = torch.tensor([[3, 4, 5]])
+    expected = greedy_reference(target, prompt, 30)
+    sampling = SamplingConfig(temperature=temperature)
+    generator = torch.Generator().manual_seed(0)
+    baseline = autoregressive_generate(target, prompt, max_new_tokens=30, sampling=sampling, generator=generator)
+    assert torch.equal(baseline.sequences, expected)
+    out = speculative_generate(target, draft, prompt, max_new_tokens=30, num_draft_tokens=3, sampling=sampling,
+                               generator=generator)
+    assert torch.equal(out.sequences, expected)
+    assert 0 < out.stats.accepted_tokens < out.stats.drafted_tokens
+
+
+def eos_run(eos_token_id):
+    target = make_model("llama", layers=2, seed=1)
+    return speculative_generate(target, target, torch.tensor([[3, 4, 5]]), max_new_tokens=30, num_draft_tokens=4,
+                                sampling=GREEDY, eos_token_id=eos_token_id)
+
+
+@pytest.mark.parametrize("wrap", [lambda e, _: np.int64(e), lambda e, _: np.int32(e), lambda e, _: torch.tensor(e),
+                                  lambda e, _: [np.int64(e)], lambda e, other: (e, other), lambda e, _: {e},
+                                  lambda e, other: torch.tensor([other, e])])
+def test_integer_like_eos_ids_act_like_ints(wrap):
+    """numpy ints, 0-d and 1-d integer tensors, tuples and sets stop where the int does."""
+    reference = eos_run(None).sequences[0, 3:].tolist()
+    eos, never = reference[7], next(t for t in range(48) if t not in reference)
+    expected = eos_run(eos)
+    assert expected.sequences.size(1) == 3 + reference.index(eos) + 1  # the EOS did stop generation
+    assert torch.equal(eos_run(wrap(eos, never)).sequences, expected.sequences)
+
+
+@pytest.mark.parametrize(
+    "eos_token_id, error, match",
+    [
+        (2.5, TypeError, r"eos_token_id must be None, an integer id >= 0.*got 2\.5"),
+        ("1", TypeError, "eos_token_id"),
+        (True, TypeError, "eos_token_id"),
+        (torch.tensor(1.0), TypeError, "eos_token_id"),
+        (torch.tensor([[1]]), TypeError, r"eos_token_id .*shape \(1, 1\)"),
+        (-3, ValueError, r"eos_token_id must hold token ids >= 0, got -3"),
+        ([1, np.int64(-2)], ValueError, "got -2 in"),
+    ],
+)
+def test_bad_eos_ids_name_the_argument(eos_token_id, error, match):
+    """Anything but integer-like ids >= 0 raises, naming eos_token_id and the value."""
+    with pytest.raises(error, match=match):
+        eos_run(eos_token_id)
+
+
+@pytest.mark.parametrize("ids, bad", [([[5, -7, 3]], "-7 at position 1"), ([[1, 99, 2, 120]], "99 at position 1")])
+def test_out_of_range_input_id_reports_the_bad_value(pair, ids, bad):
+    """The message names the offending id and where it is, not the largest id."""
+    target, draft = pair
+    with pytest.raises(ValueError, match=rf"input_ids must hold token ids in \[0, 48\), got {bad}"):
+        speculative_generate(target, draft, torch.tensor(ids), max_new_tokens=2)
+
+
+class ScriptedSchedule:
+    """A custom schedule that proposes the given K values in turn (then the last one)."""
+
+    def __init__(self, ks):
+        self.ks, self.updates = list(ks), []
+
+    def next_k(self):
+        return self.ks[min(len(self.updates), len(self.ks) - 1)]
+
+    def update(self, num_drafted, num_accepted):
+        self.updates.append((num_drafted, num_accepted))
+
+
+@pytest.mark.parametrize("k, error", [(-2, ValueError), (2.5, TypeError), (True, TypeError), (None, TypeError)])
+def test_bad_schedule_value_names_the_schedule(pair, k, error):
+    """next_k() returning a negative, a float, a bool or None fails, naming schedule and value."""
+    target, draft = pair
+    with pytest.raises(error, match=rf"ScriptedSchedule\.next_k\(\) must return an integer K >= 0.*got {k!r}"):
+        speculative_generate(target, draft, torch.tensor([[3, 4]]), max_new_tokens=6,
+                             num_draft_tokens=ScriptedSchedule([2, k]), sampling=GREEDY)
+
+
+def test_num_draft_tokens_takes_integer_likes_and_names_the_rest(pair):
+    """A numpy K works like the int; 2.5 or True is a TypeError naming num_draft_tokens."""
+    target, draft = pair
+    kwargs = {"max_new_tokens": 12, "sampling": GREEDY}
+    expected = speculative_generate(target, draft, torch.tensor([[3, 4]]), num_draft_tokens=3, **kwargs)
+    out = speculative_generate(target, draft, torch.tensor([[3, 4]]), num_draft_tokens=np.int64(3), **kwargs)
+    assert torch.equal(out.sequences, expected.sequences) and out.stats == expected.stats
+    for k in (2.5, True):
+        with pytest.raises(TypeError, match=rf"num_draft_tokens must be an integer >= 1 or a schedule.*got {k!r}"):
+            speculative_generate(target, draft, torch.tensor([[3, 4]]), num_draft_tokens=k, **kwargs)
+
+
+def test_schedule_returning_zero_takes_plain_target_steps(close_pair):
+    """K = 0 from a schedule is one target step: greedy output unchanged, counts consistent."""
+    target, draft = close_pair
+    prompt = torch.tensor([[3, 4]])
+    schedule = ScriptedSchedule([0, 3, 0, np.int64(2)] * 10)
+    out = speculative_generate(target, draft, prompt, max_new_tokens=40, num_draft_tokens=schedule, sampling=GREEDY)
+    assert torch.equal(out.sequences, greedy_reference(target, prompt, 40))
+    ks = [len(r.drafted) for r in out.trace]
+    assert ks[:4] == [0, 3, 0, 2] and all(len(r.emitted) == 1 for r in out.trace if not r.drafted)
+    stats = out.stats
+    assert stats.drafted_tokens == sum(ks) >= stats.judged_tokens >= stats.accepted_tokens >= 0
+    assert schedule.updates == [(len(r.drafted), r.num_accepted) for r in out.trace]
+
+
+class ScriptedSource:
+    """A stand-in model: after a sequence of length L its logits pick script[L]."""
+
+    def __init__(self, script, vocab=16):
+        self.script, self.vocab, self.forward_calls, self.model = script, vocab, 0, None
+
+    def last_logits(self, sequence, num_positions):
+        self.forward_calls += 1
+        n = sequence.size(1)
+        logits = torch.zeros(num_positions, self.vocab)
+        for row, length in enumerate(range(n - num_positions + 1, n + 1)):
+            logits[row, self.script[length]] = 10.0
+        return logits
+
+    def rollback(self, length):
+        pass
+
+
+def test_drafts_after_an_accepted_eos_count_neither_as_accepted_nor_judged():
+    """Drafted [4, 4, 1, 1, 10] with EOS 1, target agreeing on 4, 4, 1, 1: emitted [4, 4, 1], 3 accepted."""
+    prompt = torch.tensor([[2, 3]])
+    draft = ScriptedSource({2: 4, 3: 4, 4: 1, 5: 1, 6: 10})
+    target = ScriptedSource({2: 4, 3: 4, 4: 1, 5: 1, 6: 11, 7: 5})
+    sequence, record, hit_eos = speculative_step(target, draft, prompt, 5, GREEDY, eos={1})
+    assert record.drafted == [4, 4, 1, 1, 10] and record.emitted == [4, 4, 1] and hit_eos
+    assert record.num_accepted == 3 and record.num_judged == 3
+    assert sequence[0].tolist() == [2, 3, 4, 4, 1]
+    # Without the EOS the same block accepts 4 drafts and the target corrects the 5th.
+    _, record, _ = speculative_step(target, draft, prompt, 5, GREEDY)
+    assert record.emitted == [4, 4, 1, 1, 11] and record.num_accepted == 4 and record.num_judged == 5
+
+
+def test_schedule_hears_of_an_eos_block_as_short_and_fully_accepted():
+    """The drafts after an accepted EOS reach the schedule neither as drafted nor as rejected."""
+    target = make_model("llama", layers=2, seed=1)
+    prompt = torch.tensor([[3, 4, 5]])
+    reference = greedy_reference(target, prompt, 30)[0, 3:].tolist()
+    position = next(i for i in range(2, 30) if i % 6 in (1, 2, 3) and reference[i] not in reference[:i])
+    schedule = ScriptedSchedule([5])
+    out = speculative_generate(target, target, prompt, max_new_tokens=30, num_draft_tokens=schedule,
+                               sampling=GREEDY, eos_token_id=reference[position])
+    assert schedule.updates[:-1] == [(5, 5)] * (len(out.trace) - 1)
+    assert schedule.updates[-1] == (position % 6 + 1, position % 6 + 1)
