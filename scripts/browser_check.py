@@ -10,6 +10,14 @@ its turn, the script asks the page itself and fails when:
   `\\(`, `\\[`, `\\begin{` in the visible text outside code; or Markdown / MyST
   is (an image `![...](...)`, a `:::` fence, a `{cite}` role);
 * an image is missing: not loaded, or loaded with no pixels;
+* an image in the page's content has no alt text, or alt text that is only its file
+  name or path (what the notebook renderer writes when a cell's metadata gives none);
+* a figure a code cell produced has no caption: an image in a cell's output that is
+  not inside a `<figure>` with a non-empty `<figcaption>`;
+* a code cell's code or output scrolls sideways in a window 1200 pixels wide (the
+  narrowest with both sidebars): a line wider than the 80 columns the page shows;
+* a request to the local server failed: an HTTP status of 400 or more (a file not
+  found), or a network error; each one is listed;
 * a notebook page lacks its Colab button (the launch link in the page header);
 * a widget placeholder was not rendered into a widget;
 * the page threw an uncaught JavaScript exception.
@@ -48,6 +56,9 @@ CHROMIUM_FLAGS = [
     "--disable-dev-shm-usage", "--remote-allow-origins=*", "--remote-debugging-port=0",
 ]
 PAGE_TIMEOUT_S = 30.0
+# The window the pages are checked in: the narrowest that shows both of the theme's
+# sidebars, where a code cell has the least room (book/_ext/code_width.py).
+WINDOW = {"width": 1200, "height": 900, "deviceScaleFactor": 1, "mobile": False}
 
 # Runs inside each page once it has loaded; returns a JSON report.
 PAGE_REPORT_JS = r"""
@@ -75,11 +86,29 @@ PAGE_REPORT_JS = r"""
   const untypeset = math.filter((m) => !m.querySelector('mjx-container')).map((m) => m.textContent.trim().slice(0, 80));
   const images = [...document.images];
   const broken = images.filter((i) => !i.complete || i.naturalWidth === 0).map((i) => i.src.slice(0, 120));
+  // Alt text: present, and more than the image's file name or path.
+  const content = document.querySelector('article') || document.querySelector('main') || document.body;
+  const fileLike = /\.(png|jpe?g|gif|svg|webp)$/i;
+  const badAlt = (i) => { const alt = (i.getAttribute('alt') || '').trim(), src = i.getAttribute('src') || '';
+    return !alt || alt === src || fileLike.test(alt) || (!src.startsWith('data:') && src.endsWith(alt)); };
+  const noAlt = [...content.querySelectorAll('img')].filter(badAlt)
+    .map((i) => `${(i.getAttribute('src') || '').slice(0, 60)} (alt ${JSON.stringify(i.getAttribute('alt'))})`);
+  // Figures made by code cells: every output image sits in a <figure> with a caption.
+  const captioned = (i) => { const f = i.closest('figure'); const c = f && f.querySelector('figcaption');
+    return !!c && c.textContent.trim().length > 0; };
+  const uncaptioned = [...content.querySelectorAll('.cell_output img, .output img')].filter((i) => !captioned(i))
+    .map((i) => (i.getAttribute('alt') || i.getAttribute('src') || '').slice(0, 60));
   const launch = 'a[href^="https://colab.research.google.com/github/"]';
   const header = document.querySelectorAll(`.article-header-buttons ${launch}, .header-article ${launch}`);
   const colab = [...header].map((a) => a.href);
+  // Code and outputs that scroll sideways: name each by its widest line.
+  const widest = (text) => text.split('\n').reduce((a, b) => (b.length > a.length ? b : a), '');
+  const scrolling = [...content.querySelectorAll('div.cell div.highlight > pre')]
+    .filter((p) => p.scrollWidth > p.clientWidth + 1)
+    .map((p) => `${widest(p.textContent).length} characters: ${JSON.stringify(widest(p.textContent).slice(0, 50))}`);
   return JSON.stringify({
     title: document.title, math: math.length, untypeset, rawTex, rawMarkdown, images: images.length, broken, colab,
+    noAlt, uncaptioned, scrolling,
     widgets: placeholders().length, unrenderedWidgets: placeholders().filter((s) => !rendered(s)).length,
     mathjax: !!(window.MathJax && MathJax.version),
   });
@@ -109,8 +138,13 @@ class Chromium:
         self.events: list[dict] = []
         self.refused: list[str] = []
         self.exceptions: list[str] = []
+        self.requests: dict[str, str] = {}  # request id -> URL, for the failures below
+        self.failed: list[str] = []  # local requests that failed: "404 http://..." or "net::ERR_... http://..."
         self.call("Page.enable")
         self.call("Runtime.enable")
+        self.call("Emulation.setDeviceMetricsOverride", WINDOW)
+        # Watch every response: a local file that is not found is a failure of the book.
+        self.call("Network.enable")
         # Intercept every request: local ones go through, others are refused unless allowed.
         self.call("Fetch.enable", {"patterns": [{"urlPattern": "*"}]})
 
@@ -152,6 +186,17 @@ class Chromium:
             else:
                 self.refused.append(url)
                 self.send("Fetch.failRequest", {"requestId": request_id, "errorReason": "InternetDisconnected"})
+        elif method == "Network.requestWillBeSent":
+            self.requests[message["params"]["requestId"]] = message["params"]["request"]["url"]
+        elif method == "Network.responseReceived":
+            response = message["params"]["response"]
+            if self._local(response["url"]) and response["status"] >= 400:
+                self.failed.append(f"HTTP {response['status']} {response['url']}")
+        elif method == "Network.loadingFailed":
+            params = message["params"]
+            url = self.requests.get(params["requestId"], "")
+            if self._local(url) and not params.get("canceled"):
+                self.failed.append(f"{params.get('errorText', 'failed')} {url}")
         elif method == "Runtime.exceptionThrown":
             details = message["params"]["exceptionDetails"]
             text = details.get("exception", {}).get("description") or details.get("text", "")
@@ -160,11 +205,22 @@ class Chromium:
             self.events.append(message)
         return message
 
+    def _local(self, url: str) -> bool:
+        """Whether `url` asks the local server (not data:, blob: or another host).
+
+        `/favicon.ico` is left out: the browser asks for it by itself, whatever the page says.
+        """
+        parsed = urlparse(url)
+        return (parsed.scheme in ("http", "https") and parsed.hostname == self.local_host
+                and parsed.path != "/favicon.ico")
+
     def open(self, url: str) -> dict:
         """Load `url`, wait for its load event, and return the page's report."""
         self.events.clear()
         self.refused.clear()
         self.exceptions.clear()
+        self.requests.clear()
+        self.failed.clear()
         self.call("Page.navigate", {"url": url})
         deadline = time.monotonic() + PAGE_TIMEOUT_S
         while not any(e.get("method") == "Page.loadEventFired" for e in self.events):
@@ -178,6 +234,7 @@ class Chromium:
         report = json.loads(result["result"]["value"])
         report["refused"] = list(dict.fromkeys(self.refused))
         report["exceptions"] = list(self.exceptions)
+        report["failed"] = list(dict.fromkeys(self.failed))
         return report
 
     def close(self) -> None:
@@ -232,6 +289,10 @@ def problems(page: str, notebook: bool, report: dict, offline: bool) -> list[str
         found.append("MathJax did not load")
     if report["broken"]:
         found.append(f"{len(report['broken'])} missing images, e.g. {report['broken'][0]}")
+    found += [f"image without alt text (or only its file name): {image}" for image in report["noAlt"]]
+    found += [f"figure without a caption: {image}" for image in report["uncaptioned"]]
+    found += [f"scrolls sideways, a line of {line}" for line in report["scrolling"]]
+    found += [f"local request failed: {failure}" for failure in report["failed"]]
     if notebook and not any(link.endswith(page.removesuffix(".html") + ".ipynb") for link in report["colab"]):
         found.append("no Colab launch button in the page header")
     if report["unrenderedWidgets"]:

@@ -3,7 +3,8 @@
 The demo loads the embedded tiny pair (or, until it exists, random-init models of its
 shapes, and says so), runs the cached `speculative_generate` on one held-out prompt and
 prints every iteration: the K tokens the draft proposed, how many the target accepted,
-and the correction or bonus token it added. Then the counters, a check against the
+and the correction or bonus token it added (`specdec_ref.trace`); then the continuation
+with each token's origin marked. Then the counters, a check against the
 target's own greedy `generate`, and the measured speed against the target alone
 (`autoregressive_generate` with its KV cache, and `transformers`' `generate`), each
 timed after a warm-up, as the median of several runs.
@@ -19,34 +20,10 @@ import argparse
 import torch
 
 from .bench.pair import BenchPair, bench_prompts, load_bench_pair
-from .decoder import GenerationOutput, autoregressive_generate, speculative_generate
+from .decoder import autoregressive_generate, speculative_generate
 from .sampling import SamplingConfig
 from .timing import time_call
-
-
-def _show(pair: BenchPair, tokens: list[int]) -> str:
-    """Tokens as text pieces when there is a tokenizer, else as ids."""
-    if pair.tokenizer is None:
-        return " ".join(str(t) for t in tokens)
-    return " ".join(repr(pair.tokenizer.decode([t])) for t in tokens)
-
-
-def print_trace(pair: BenchPair, output: GenerationOutput) -> None:
-    """One line per iteration: drafted, accepted, and the token the target added."""
-    for number, record in enumerate(output.trace, start=1):
-        k, accepted = len(record.drafted), record.num_accepted
-        added = record.emitted[accepted:]
-        kind = "bonus" if accepted == k else "correction"
-        print(f"{number:3d}. drafted {_show(pair, record.drafted)}")
-        print(f"     accepted {accepted}/{k}, then {kind}: {_show(pair, added)}")
-
-
-def print_stats(output: GenerationOutput) -> None:
-    stats = output.stats
-    print(f"\nnew tokens {stats.new_tokens} in {stats.iterations} iterations; drafted {stats.drafted_tokens}, "
-          f"accepted {stats.accepted_tokens} (alpha = {stats.acceptance_rate:.2f})")
-    print(f"target passes {stats.target_calls} ({stats.tokens_per_target_call:.2f} tokens per pass), "
-          f"draft passes {stats.draft_calls}")
+from .trace import LEGEND, iteration_lines, marked_text, show_tokens, stats_lines
 
 
 def time_against_target(pair: BenchPair, prompt: torch.Tensor, *, max_new_tokens: int, k: int,
@@ -93,17 +70,17 @@ def main(argv: list[str] | None = None) -> None:
     if pair.note:
         print(f"NOTE: {pair.note}")
     [prompt], source = bench_prompts(pair, 1, prompt_tokens=24, seed=args.seed)
-    print(f"prompt ({source}, {prompt.size(1)} tokens): {_show(pair, prompt[0].tolist())}")
+    print(f"prompt ({source}, {prompt.size(1)} tokens): {show_tokens(prompt[0].tolist(), pair.tokenizer)}")
     print(f"speculative decoding, K = {args.k}, {sampling}, KV cache on, {args.max_new_tokens} new tokens\n")
 
     generator = torch.Generator(device=pair.device).manual_seed(args.seed)
     output = speculative_generate(pair.target_model, pair.draft_model, prompt, max_new_tokens=args.max_new_tokens,
                                   num_draft_tokens=args.k, sampling=sampling, generator=generator)
-    print_trace(pair, output)
-    new = output.sequences[0, prompt.size(1):]
-    if pair.tokenizer is not None:
-        print(f"\ncontinuation: {pair.tokenizer.decode(new)!r}")
-    print_stats(output)
+    print("\n".join(iteration_lines(output.trace, pair.tokenizer, width=120)))
+    print(f"\nthe continuation, each token's origin marked:\n{LEGEND}\n")
+    print(marked_text(output.trace, pair.tokenizer, width=120))
+    print()
+    print("\n".join(stats_lines(output.stats)))
     if sampling.greedy:
         with torch.no_grad():
             reference = pair.target_model.generate(prompt, attention_mask=torch.ones_like(prompt),

@@ -48,7 +48,8 @@ def draft_tokens(
     """Let the draft model propose `num_draft_tokens` tokens after `input_ids`.
 
     Args:
-        draft_model: the small model, or a `LogitsSource` wrapping it (with a cache).
+        draft_model: the small model, or a `LogitsSource` wrapping it (with a
+            cache).
         input_ids: the sequence so far, shape (1, n).
         num_draft_tokens: K, how many tokens to propose (0 proposes nothing).
         sampling: temperature / top-k / top-p, the same as the target uses.
@@ -64,12 +65,17 @@ def draft_tokens(
         # One draft forward pass: logits at the last position only.
         logits = source.last_logits(sequence, 1)  # (1, V)
         q = logits_to_probs(logits, sampling)  # (1, V)
-        token = q.argmax(-1) if sampling.greedy else sample(q, generator).to(q.device)  # (1,)
+        if sampling.greedy:
+            token = q.argmax(-1)  # (1,)
+        else:
+            token = sample(q, generator).to(q.device)  # (1,)
         tokens.append(token)
         probs.append(q)
-        sequence = torch.cat([sequence, token[None].to(sequence.device)], dim=1)  # (1, n + i + 1)
+        token = token[None].to(sequence.device)  # (1, 1)
+        sequence = torch.cat([sequence, token], dim=1)  # (1, n + i + 1)
     if not tokens:
         vocab = source.model.get_output_embeddings().weight.size(0)
         return Draft(torch.empty(0, dtype=torch.long, device=input_ids.device),
                      torch.empty(0, vocab, device=input_ids.device))
-    return Draft(torch.cat(tokens).to(input_ids.device), torch.cat(probs))  # (K,), (K, V)
+    tokens = torch.cat(tokens).to(input_ids.device)  # (K,)
+    return Draft(tokens, torch.cat(probs))  # (K,), (K, V)

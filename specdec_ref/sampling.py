@@ -70,7 +70,9 @@ class SamplingConfig:
 GREEDY = SamplingConfig(temperature=0.0)
 
 
-def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+def logits_to_probs(
+    logits: torch.Tensor, sampling: SamplingConfig
+) -> torch.Tensor:
     """The distribution a token is sampled from, for each row of `logits`.
 
     Args:
@@ -78,29 +80,34 @@ def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Ten
         sampling: temperature, top-k and top-p, applied in that order.
 
     Returns:
-        float32 probabilities of the same shape; each row sums to 1. Greedy
-        (temperature 0) gives a one-hot row on the first argmax; a tiny temperature
-        gives its limit, uniform over the maximal logits (no NaN, no overflow).
+        float32 probabilities of the same shape; each row sums to 1.
+        Greedy (temperature 0) gives a one-hot row on the first argmax; a
+        tiny temperature gives its limit, uniform over the maximal logits
+        (no NaN, no overflow).
     """
     logits = logits.float()  # (..., V) softmax in float32 even for bf16 models
     if sampling.greedy:
-        # Greedy: all mass on the argmax (the first one on ties, as torch.argmax does).
+        # Greedy: all mass on the argmax (the first one on ties, as
+        # torch.argmax does).
         probs = torch.zeros_like(logits)
         return probs.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    # Temperature, as (logits - max) / T: the same softmax for every T > 0, and stable
-    # for a tiny T (1e-45), where logits / T would overflow to inf - inf = NaN. The
-    # maximal logits score 0 and every other one tends to -inf, so the distribution
-    # tends to its T -> 0 limit: uniform over the argmax (a single token but for ties).
+    # Temperature, as (logits - max) / T: the same softmax for every T > 0,
+    # and stable for a tiny T (1e-45), where logits / T would overflow to
+    # inf - inf = NaN. The maximal logits score 0 and every other one tends
+    # to -inf, so the distribution tends to its T -> 0 limit: uniform over
+    # the argmax (a single token but for ties).
     top = logits.amax(-1, keepdim=True)  # (..., 1)
-    scores = torch.where(logits == top, 0.0, (logits - top) / sampling.temperature)  # (..., V)
+    shifted = (logits - top) / sampling.temperature  # (..., V)
+    scores = torch.where(logits == top, 0.0, shifted)  # (..., V)
     if sampling.top_k is not None:
         # Top-k: mask everything strictly below the k-th largest score.
         k = min(sampling.top_k, scores.size(-1))
         kth = torch.topk(scores, k, dim=-1).values[..., -1:]  # (..., 1)
         scores = scores.masked_fill(scores < kth, -math.inf)
     if sampling.top_p is not None and sampling.top_p < 1:
-        # Top-p (nucleus): sort ascending and drop the low tail whose cumulative mass is
-        # at most 1 - top_p; the most likely token always survives.
+        # Top-p (nucleus): sort ascending and drop the low tail whose
+        # cumulative mass is at most 1 - top_p; the most likely token always
+        # survives.
         sorted_scores, order = torch.sort(scores, descending=False, dim=-1)
         cumulative = sorted_scores.softmax(-1).cumsum(-1)  # (..., V)
         remove_sorted = cumulative <= (1 - sampling.top_p)

@@ -31,21 +31,24 @@ def target_distributions(
     draft_tokens: torch.Tensor,
     sampling: SamplingConfig,
 ) -> torch.Tensor:
-    """The target's processed distributions for every draft slot and the bonus slot.
+    """The target's processed distributions for every draft slot and the bonus.
 
     Args:
-        target_model: the large model, or a `LogitsSource` wrapping it (with a cache).
+        target_model: the large model, or a `LogitsSource` wrapping it (with a
+            cache).
         input_ids: the sequence before the drafts, shape (1, n).
         draft_tokens: the K drafted tokens, shape (K,).
         sampling: the same temperature / top-k / top-p as the draft used.
 
     Returns:
-        p, shape (K + 1, V): p[i] is the target's distribution for draft slot i, and
-        p[K] the distribution of the bonus token after all K drafts.
+        p, shape (K + 1, V): p[i] is the target's distribution for draft slot
+        i, and p[K] the distribution of the bonus token after all K drafts.
     """
     source = as_logits_source(target_model)
     k = draft_tokens.numel()
-    sequence = torch.cat([input_ids, draft_tokens.view(1, k).to(input_ids.device)], dim=1)  # (1, n + K)
-    # One forward pass; keep the logits of the last K + 1 positions (n - 1 .. n + K - 1).
+    drafts = draft_tokens.view(1, k).to(input_ids.device)  # (1, K)
+    sequence = torch.cat([input_ids, drafts], dim=1)  # (1, n + K)
+    # One forward pass; keep the logits of the last K + 1 positions
+    # (n - 1 .. n + K - 1).
     logits = source.last_logits(sequence, k + 1)  # (K + 1, V)
     return logits_to_probs(logits, sampling)  # (K + 1, V)

@@ -5,6 +5,10 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import re
+import subprocess
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -102,6 +106,70 @@ def test_colab_badge_and_setup_cell_match_config():
         assert f"git+{url}@{branch}" in _code(path.stem)
 
 
+def _run_setup_cell(monkeypatch, returncode: int) -> tuple[list[list[str]], dict]:
+    """Run the set-up cell as on Colab, with pip replaced by a stub; return pip's calls and the cell's names."""
+    colab_cells = _load_script("colab_cells")
+    calls = []
+
+    def fake_run(args, **kwargs):
+        calls.append(list(args))
+        assert kwargs.get("capture_output") and kwargs.get("text"), "pip's output must be captured as text"
+        return subprocess.CompletedProcess(args, returncode, stdout="Collecting specdec_ref\n",
+                                           stderr="ERROR: no matching distribution\n" if returncode else "")
+
+    class FakePair:
+        def describe(self) -> str:
+            return "pair: stub"
+
+    import specdec_ref.notebook
+
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(specdec_ref.notebook, "open_pair", lambda name: FakePair())
+    names: dict = {}
+    exec(compile(colab_cells.setup_source(*colab_cells.repository()), "setup-cell", "exec"), names)
+    return calls, names
+
+
+def test_colab_setup_cell_fits_the_page_and_never_upgrades():
+    """Every line <= 80 characters; one plain `pip install` of the repository (no --upgrade)."""
+    colab_cells = _load_script("colab_cells")
+    url, branch = colab_cells.repository()
+    source = colab_cells.setup_source(url, branch)
+    assert max(len(line) for line in source.splitlines()) <= 80
+    assert "--upgrade" not in source and "-U" not in source.split() and "--force" not in source
+    assert f'"git+{url}@{branch}"' in source
+
+
+def test_colab_setup_cell_installs_quietly_when_pip_succeeds(monkeypatch, capsys):
+    """On Colab, a successful pip prints nothing of its own; the cell goes on to open the pair."""
+    calls, names = _run_setup_cell(monkeypatch, returncode=0)
+    assert len(calls) == 1 and calls[0][1:4] == ["-m", "pip", "install"]
+    assert not any(arg.startswith("-U") or arg.startswith("--upgrade") for arg in calls[0])
+    assert calls[0][-1].startswith("git+https://github.com/")
+    assert capsys.readouterr().out == "pair: stub\n"
+    assert names["PAIR"] is None
+
+
+def test_colab_setup_cell_shows_pip_output_when_pip_fails(monkeypatch, capsys):
+    """A failed pip shows its output and raises an error naming the package, not a bare CalledProcessError."""
+    with pytest.raises(RuntimeError, match="pip failed to install git\\+https://github.com/"):
+        _run_setup_cell(monkeypatch, returncode=1)
+    out = capsys.readouterr().out
+    assert "ERROR: no matching distribution" in out and "Collecting specdec_ref" in out
+
+
+def test_colab_setup_cell_does_nothing_outside_colab(monkeypatch):
+    """Without google.colab the set-up cell never calls pip."""
+    colab_cells = _load_script("colab_cells")
+    monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("pip was called outside Colab"))
+    import specdec_ref.notebook
+
+    monkeypatch.setattr(specdec_ref.notebook, "open_pair", lambda name: types.SimpleNamespace(describe=lambda: "ok"))
+    exec(compile(colab_cells.setup_source(*colab_cells.repository()), "setup-cell", "exec"), {})
+
+
 def test_offline_assets_are_used_only_when_complete(tmp_path):
     """The book serves MathJax and the widget manager locally only once all of them are there."""
     spec = importlib.util.spec_from_file_location("offline_assets", ROOT / "book" / "_ext" / "offline_assets.py")
@@ -118,3 +186,27 @@ def test_offline_assets_are_used_only_when_complete(tmp_path):
     assert offline_assets.offline_assets_present(tmp_path)
     (folder / offline_assets.WIDGETS).unlink()
     assert not offline_assets.offline_assets_present(tmp_path)
+
+
+def test_opening_page_comes_before_chapter_one():
+    """The at-a-glance page is in _toc.yml before chapter 1 and prints its trace with specdec_ref.trace."""
+    files = _toc_files()
+    assert files.index("notebooks/00-at-a-glance") < files.index("notebooks/01-memory-bound-decoding")
+    code = _code("00-at-a-glance")
+    assert "trace.marked_text(" in code and "time_call(" in code and "autoregressive_generate(" in code
+
+
+def test_widget_modules_find_their_fonts_in_the_manager_folder():
+    """Every AMD module the widget bundle defines is mapped to _static/html-manager/, where its fonts are."""
+    spec = importlib.util.spec_from_file_location("offline_assets", ROOT / "book" / "_ext" / "offline_assets.py")
+    offline_assets = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(offline_assets)
+    script = offline_assets.REQUIRE_CONFIG_JS
+    assert '"_static/html-manager/embed-amd"' in script and "window.require = {paths: paths}" in script
+    bundle = ROOT / offline_assets.STATIC_DIR / offline_assets.WIDGETS
+    if not bundle.is_file():
+        pytest.skip("no widget bundle (run `make static`)")
+    defined = set(re.findall(r'define\("@jupyter-widgets/([^"]+)"', bundle.read_text()))
+    assert defined and defined <= set(offline_assets.WIDGET_MODULES), defined - set(offline_assets.WIDGET_MODULES)
+    fonts = [p for p in bundle.parent.iterdir() if p.suffix in {".woff", ".woff2", ".ttf"}]
+    assert fonts, "the manager's fonts are not next to it"

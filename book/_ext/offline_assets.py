@@ -7,6 +7,13 @@ into `_static_offline/` (not committed). When that folder holds them, this exten
 adds it to `html_static_path` and points `mathjax_path` and `nb_ipywidgets_js` at the
 copies inside `_static/`; when it does not (no npm on the machine), the CDN defaults
 stay, and the build says so.
+
+The widget manager's stylesheets load their icon fonts from a folder each bundled
+module derives from its own RequireJS module URI: for `@jupyter-widgets/html-manager/
+dist/libembed-amd`, `<page folder>/@jupyter-widgets/html-manager/dist/`, which does not
+exist (and its `window.__jupyter_widgets_assets_path__` override is read only after the
+stylesheets are in place). So each page configures RequireJS, before it loads, to place
+every module of the bundle in `_static/html-manager/`, where `make static` put the fonts.
 """
 
 from __future__ import annotations
@@ -28,6 +35,19 @@ REQUIREJS = "requirejs/require.js"
 WIDGETS = "html-manager/embed-amd.js"
 # Non-core widget libraries (none in this book) would still come from this CDN.
 WIDGETS_CDN = "https://cdn.jsdelivr.net/npm/"
+# The AMD modules `embed-amd.js` defines; each finds its fonts next to its module URI.
+WIDGET_MODULES = ("base", "base7", "controls", "controls7", "html-manager", "html-manager/dist/libembed-amd")
+# RequireJS reads a global `require` object as its configuration when it loads. Every
+# module is mapped to the manager's own script (`.js` is appended), so its URI's folder
+# is `_static/html-manager/` on every page, at any depth (Sphinx's data-content_root).
+REQUIRE_CONFIG_JS = """(function () {
+  var root = document.documentElement.getAttribute("data-content_root") || "";
+  var manager = new URL(root + "_static/MANAGER", document.baseURI).href;
+  var paths = {};
+  MODULES.forEach(function (name) { paths["@jupyter-widgets/" + name] = manager; });
+  if (typeof window.requirejs === "function") { window.requirejs.config({paths: paths}); }
+  else { window.require = {paths: paths}; }
+})();""".replace("MANAGER", WIDGETS.removesuffix(".js")).replace("MODULES", json.dumps(list(WIDGET_MODULES)))
 
 
 def offline_assets_present(root: Path) -> bool:
@@ -58,6 +78,8 @@ def use_offline_assets(app: Sphinx, config: Config) -> None:
         REQUIREJS: {},
         WIDGETS: {"data-jupyter-widgets-cdn": WIDGETS_CDN},
     }
+    # Before RequireJS (myst-nb adds it at the default priority, 500).
+    app.add_js_file(None, body=REQUIRE_CONFIG_JS, priority=200)
     LOGGER.info("offline_assets: MathJax and the widget manager are served from _static/")
 
 
