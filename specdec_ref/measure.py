@@ -39,13 +39,18 @@ class BandwidthMeasurement:
 
     @property
     def bytes_per_s(self) -> float:
-        """Achieved bandwidth: a copy reads and writes every byte, so 2 * num_bytes moved."""
+        """Achieved bandwidth: a copy reads and writes every byte."""
         return 2 * self.num_bytes / self.timing.median
 
 
-def measure_bandwidth(*, num_bytes: int = 2**28, device: torch.device | str | None = None,
-                      repeats: int = 10, warmup: int = 2) -> BandwidthMeasurement:
-    """Time `dst.copy_(src)` for buffers of `num_bytes`; choose them much larger than the caches.
+def measure_bandwidth(*, num_bytes: int = 2**28,
+                      device: torch.device | str | None = None,
+                      repeats: int = 10,
+                      warmup: int = 2) -> BandwidthMeasurement:
+    """Time `dst.copy_(src)` for two buffers of `num_bytes` each.
+
+    Choose the buffers much larger than the processor's caches, so the copy
+    streams from and to main memory (or the GPU's HBM).
 
     Args:
         num_bytes: bytes per buffer (two buffers are allocated).
@@ -56,9 +61,13 @@ def measure_bandwidth(*, num_bytes: int = 2**28, device: torch.device | str | No
         A `BandwidthMeasurement`; `.bytes_per_s` is the achieved bandwidth.
     """
     _check_int("num_bytes", num_bytes, minimum=4)
-    src = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)  # (num_bytes / 4,)
-    dst = torch.zeros_like(src)  # touched once so page faults are not timed
-    timing = time_call(lambda: dst.copy_(src), repeats=repeats, warmup=warmup, device=src.device)
+    # Two float32 buffers; zeros_like touches dst once, so no page faults
+    # are timed.
+    src = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
+    dst = torch.zeros_like(src)  # (num_bytes / 4,)
+    # Median of `repeats` copies after `warmup`, the device synchronized.
+    timing = time_call(lambda: dst.copy_(src), repeats=repeats,
+                       warmup=warmup, device=src.device)
     return BandwidthMeasurement(src.numel() * 4, timing)
 
 
@@ -116,17 +125,19 @@ class LatencyCurve:
 def measure_pass_latency(model: PreTrainedModel, *, context: int,
                          num_tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
                          repeats: int = 10, warmup: int = 2, seed: int = 0) -> LatencyCurve:
-    """Time one KV-cached forward pass over T new tokens after `context` cached ones, for each T.
+    """Time one KV-cached forward pass over m new tokens after `context` cached ones, for each m.
 
-    The pass is the one the decoder runs (`kv_cache.CachedForward`, T logits kept), and
+    The pass is the one the decoder runs (`kv_cache.CachedForward`, m logits kept), and
     the cache is rolled back to `context` after every pass, so each repetition sees the
-    same state. Token ids are random: the latency of a pass does not depend on them.
+    same state. The sizes are timed in turn, one pass of each per round, so that the
+    ratios between them survive a machine whose load changes during the measurement.
+    Token ids are random: the latency of a pass does not depend on them.
 
     Args:
         model: a causal LM in eval mode, in the dtype and on the device to measure.
         context: tokens prefilled into the cache (>= 1).
-        num_tokens: the pass sizes T to time.
-        repeats, warmup: passed to `time_call` for each T.
+        num_tokens: the pass sizes m to time.
+        repeats: timed passes of each size; warmup: untimed passes of each size first.
         seed: seed of the random token ids.
 
     Returns:
@@ -135,8 +146,8 @@ def measure_pass_latency(model: PreTrainedModel, *, context: int,
     _check_int("context", context, minimum=1)
     if not num_tokens:
         raise ValueError("num_tokens must name at least one pass size")
-    for t in num_tokens:
-        _check_int("num_tokens entries", t, minimum=1)
+    for m in num_tokens:
+        _check_int("num_tokens entries", m, minimum=1)
     limit = context_length(model)
     if limit is not None and context + max(num_tokens) > limit:
         raise ValueError(f"context ({context}) + max(num_tokens) ({max(num_tokens)}) exceeds the model's "
@@ -144,19 +155,25 @@ def measure_pass_latency(model: PreTrainedModel, *, context: int,
     device = model_device(model)
     generator = torch.Generator().manual_seed(seed)
     sequence = torch.randint(vocab_size(model), (1, context + max(num_tokens)), generator=generator)
-    sequence = sequence.to(device)  # (1, context + max T)
+    sequence = sequence.to(device)  # (1, context + max m)
     source = CachedForward(model)
     source.last_logits(sequence[:, :context], 1)  # prefill the cache with the context
 
-    timings = []
-    for t in num_tokens:
-        def one_pass(t: int = t) -> None:
-            source.last_logits(sequence[:, : context + t], t)  # (T, V)
-            source.rollback(context)
+    def one_pass(m: int) -> None:
+        source.last_logits(sequence[:, : context + m], m)  # (m, V)
+        source.rollback(context)
 
-        timings.append(time_call(one_pass, repeats=repeats, warmup=warmup, device=device))
+    for m in num_tokens:  # untimed warm-up of every pass size
+        time_call(lambda m=m: one_pass(m), repeats=1, warmup=warmup, device=device)
+    # Round-robin over the pass sizes, one timed pass each per round: a change in the
+    # machine's load then slows every size alike instead of whichever was timed then.
+    samples: list[list[float]] = [[] for _ in num_tokens]
+    for _ in range(repeats):
+        for i, m in enumerate(num_tokens):
+            samples[i] += time_call(lambda m=m: one_pass(m), repeats=1, warmup=0, device=device).samples
+    timings = tuple(Timing(tuple(times)) for times in samples)
     dtype = next(model.parameters()).dtype
-    return LatencyCurve(str(dtype), context, tuple(num_tokens), tuple(timings))
+    return LatencyCurve(str(dtype), context, tuple(num_tokens), timings)
 
 
 def latency_curves(model: PreTrainedModel, *, dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16),
@@ -211,7 +228,7 @@ def decode_bandwidth(model: PreTrainedModel, *, context: int, peak_bytes_per_s: 
     """Time a 1-token cached pass and compare the bandwidth it implies with `peak_bytes_per_s`.
 
     Args:
-        model: a GPT-2 or Llama-style causal LM in the dtype and on the device to measure.
+        model: a causal LM `memory.model_shape` knows, in the dtype and on the device to measure.
         context: tokens in the KV cache (their keys and values are read too).
         peak_bytes_per_s: the device's achievable bandwidth, e.g. `measure_bandwidth().bytes_per_s`.
         repeats, warmup: passed to `time_call`.

@@ -8,15 +8,16 @@ the time it loads one byte, so the step waits on memory, not on arithmetic:
     time per token >= bytes read per step / memory bandwidth
 
 (the article's example: 70B parameters in bf16 are 140 GB; at 2 TB/s that is at least
-70 ms per token, however fast the arithmetic units are). A verification pass over T
-tokens reads the same bytes and does T times the arithmetic, so until its arithmetic
+70 ms per token, however fast the arithmetic units are). A verification pass over m
+tokens reads the same bytes and does m times the arithmetic, so until its arithmetic
 intensity (FLOPs per byte) reaches the device's ridge point it costs about as much as
 one decoding step. That is the whole economic argument of speculative decoding.
 
 Invariant: every quantity here is computed from a model's configuration alone,
 without allocating its weights; `count_parameters` agrees exactly with a model
-instantiated on the meta device (`meta_parameter_count`). Measurements on the
-current device live in `measure`.
+instantiated on the meta device (`meta_parameter_count`), for GPT-2 and for the
+Llama-like architectures whose layout is listed in `_LAYOUTS` (Llama, Mistral,
+Qwen2, Qwen3, Gemma, ...). Measurements on the current device live in `measure`.
 """
 
 from __future__ import annotations
@@ -66,10 +67,44 @@ def llama2_70b_config() -> LlamaConfig:
 
 
 @dataclass(frozen=True)
+class _Layout:
+    """Where one architecture keeps parameters beyond its weight matrices.
+
+    A bias flag is either fixed by the architecture (True/False) or the name of the
+    configuration attribute that switches it (Llama's `attention_bias`, for example).
+    """
+
+    norm_weights: int  # parameters per channel of one norm: 2 for LayerNorm (scale, shift), 1 for RMSNorm
+    norms_per_block: int  # 2 (before attention and before the MLP); Gemma 2 adds one after each
+    gated_mlp: bool  # gate, up and down projections (SwiGLU, GeGLU) instead of two matrices
+    qkv_bias: bool | str  # biases on the query, key and value projections
+    o_bias: bool | str  # a bias on the attention output projection
+    mlp_bias: bool | str  # biases on the MLP projections
+    qk_norm: bool = False  # an RMSNorm over each head's queries and over its keys (Qwen3)
+    learned_positions: bool = False  # a position table (GPT-2); rotary embeddings have no parameters
+
+
+# The decoder-only architectures whose parameter layout is known here, by `config.model_type`.
+# Each one is checked against the model `transformers` builds (tests/test_memory.py).
+_LAYOUTS: dict[str, _Layout] = {
+    "gpt2": _Layout(2, 2, False, True, True, True, learned_positions=True),
+    "llama": _Layout(1, 2, True, "attention_bias", "attention_bias", "mlp_bias"),
+    "granite": _Layout(1, 2, True, "attention_bias", "attention_bias", "mlp_bias"),
+    "mistral": _Layout(1, 2, True, False, False, False),
+    "phi3": _Layout(1, 2, True, False, False, False),  # fused qkv and gate_up: the same counts
+    "qwen2": _Layout(1, 2, True, True, False, False),  # biases on q, k and v only
+    "qwen3": _Layout(1, 2, True, "attention_bias", "attention_bias", False, qk_norm=True),
+    "gemma": _Layout(1, 2, True, "attention_bias", "attention_bias", False),
+    "gemma2": _Layout(1, 4, True, "attention_bias", "attention_bias", False),
+    "starcoder2": _Layout(2, 2, False, "use_bias", "use_bias", "use_bias"),
+}
+
+
+@dataclass(frozen=True)
 class ModelShape:
     """The numbers of a decoder-only transformer that decide its memory traffic."""
 
-    family: str  # "gpt2" (learned positions, GELU MLP) or "llama" (rotary, gated MLP)
+    family: str  # config.model_type: "gpt2", "llama", "qwen2", ... (a key of the known layouts)
     num_layers: int  # transformer blocks
     hidden_size: int  # model width d
     num_heads: int  # query heads
@@ -79,45 +114,67 @@ class ModelShape:
     vocab_size: int  # rows of the embedding table and of the output head
     num_positions: int  # rows of a learned position table (0 for rotary embeddings)
     tied_embeddings: bool  # the output head reuses the input embedding matrix
+    norm_weights: int = 1  # parameters per channel of one norm (2: LayerNorm, 1: RMSNorm)
+    norms_per_block: int = 2  # norms in one transformer block
+    gated_mlp: bool = True  # three MLP matrices (gate, up, down) rather than two
+    qkv_bias: bool = False  # biases on the query, key and value projections
+    o_bias: bool = False  # a bias on the attention output projection
+    mlp_bias: bool = False  # biases on the MLP projections
+    qk_norm: bool = False  # per-head norms on queries and keys
 
 
 def model_shape(config: PretrainedConfig) -> ModelShape:
-    """Read a `ModelShape` from a GPT-2 or Llama-style `transformers` configuration.
+    """Read a `ModelShape` from a decoder-only `transformers` configuration.
+
+    Known model types: gpt2, and the Llama-like family (llama, mistral, qwen2, qwen3,
+    gemma, gemma2, phi3, granite, starcoder2), tied or untied, with their biases.
 
     Raises:
-        ValueError: for a model type whose parameter layout is not known here.
+        ValueError: for a model type whose parameter layout is not known here (a
+            mixture of experts, an encoder, a multimodal model), naming the type.
     """
     family = getattr(config, "model_type", None)
-    if family not in ("gpt2", "llama"):
-        raise ValueError(f"config.model_type must be 'gpt2' or 'llama', got {family!r}")
+    if family not in _LAYOUTS:
+        raise ValueError(f"config.model_type {family!r} has no known parameter layout; "
+                         f"supported model types: {', '.join(sorted(_LAYOUTS))}")
+    layout = _LAYOUTS[family]
+
+    def flag(value: bool | str) -> bool:
+        return bool(getattr(config, value, False)) if isinstance(value, str) else value
+
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     if family == "gpt2":
         intermediate = config.n_inner or 4 * config.hidden_size
-        positions = config.n_positions
     else:
-        intermediate, positions = config.intermediate_size, 0
+        intermediate = config.intermediate_size
+    positions = config.n_positions if layout.learned_positions else 0
     return ModelShape(family, config.num_hidden_layers, config.hidden_size, heads, kv_heads, head_dim,
-                      intermediate, config.vocab_size, positions, bool(config.tie_word_embeddings))
+                      intermediate, config.vocab_size, positions, bool(config.tie_word_embeddings),
+                      norm_weights=layout.norm_weights, norms_per_block=layout.norms_per_block,
+                      gated_mlp=layout.gated_mlp, qkv_bias=flag(layout.qkv_bias), o_bias=flag(layout.o_bias),
+                      mlp_bias=flag(layout.mlp_bias), qk_norm=layout.qk_norm)
 
 
 def count_parameters(config: PretrainedConfig) -> int:
-    """Parameters of the model `config` describes, counted from the formula (tied weights once)."""
+    """Parameters of the model `config` describes, counted from the formula (tied weights once).
+
+    Raises:
+        ValueError: for a model type `model_shape` does not know.
+    """
     s = model_shape(config)
     d, attn = s.hidden_size, s.num_heads * s.head_dim
     kv = s.num_kv_heads * s.head_dim
-    if s.family == "gpt2":
-        # Per block: two LayerNorms, fused QKV and output projection, a two-layer MLP, all with biases.
-        block = 2 * 2 * d + (d * 3 * attn + 3 * attn) + (attn * d + d)
-        block += (d * s.intermediate_size + s.intermediate_size) + (s.intermediate_size * d + d)
-        embeddings = s.vocab_size * d + s.num_positions * d
-        final_norm = 2 * d
-    else:
-        # Per block: two RMSNorms, Q/K/V/O projections without biases, a gated MLP (gate, up, down).
-        block = 2 * d + d * attn + 2 * d * kv + attn * d + 3 * d * s.intermediate_size
-        embeddings = s.vocab_size * d
-        final_norm = d
+    # Attention: Q, K, V and output projections, their optional biases, optional per-head norms.
+    attention = d * attn + 2 * d * kv + attn * d
+    attention += s.qkv_bias * (attn + 2 * kv) + s.o_bias * d + s.qk_norm * 2 * s.head_dim
+    # MLP: up (and gate) from d to the intermediate width, down back to d, optional biases.
+    ups = 2 if s.gated_mlp else 1
+    mlp = (ups + 1) * d * s.intermediate_size + s.mlp_bias * (ups * s.intermediate_size + d)
+    block = s.norms_per_block * s.norm_weights * d + attention + mlp
+    embeddings = s.vocab_size * d + s.num_positions * d
+    final_norm = s.norm_weights * d
     head = 0 if s.tied_embeddings else s.vocab_size * d
     return embeddings + s.num_layers * block + final_norm + head
 
@@ -161,46 +218,71 @@ def kv_cache_bytes(config: PretrainedConfig, context: int, dtype: torch.dtype | 
 class StepTraffic:
     """Bytes one forward pass moves between memory and the arithmetic units."""
 
-    weights: float  # streamed weights, read once per pass whatever the number of tokens
-    kv_read: float  # the cached keys and values of the context, read by attention
+    weights: float  # streamed weights, read once per pass
+    kv_read: float  # the context's cached keys and values, read by attention
     kv_write: float  # the new tokens' keys and values, appended to the cache
 
     @property
     def total(self) -> float:
+        """All bytes the pass moves."""
         return self.weights + self.kv_read + self.kv_write
 
 
-def step_bytes(config: PretrainedConfig, *, context: int, dtype: torch.dtype | str,
-               num_tokens: int = 1) -> StepTraffic:
-    """Memory traffic of one cached pass over `num_tokens` new tokens after `context` cached ones.
+def step_bytes(config: PretrainedConfig, *, context: int,
+               dtype: torch.dtype | str, num_tokens: int = 1) -> StepTraffic:
+    """Memory traffic of one cached pass over `num_tokens` new tokens.
 
-    Activations and logits are left out: at batch size 1 they are thousands of times
-    smaller than the weights. A decoding step is `num_tokens=1`; verifying K drafts
-    feeds K + 1 tokens (the last emitted token and the K drafts).
+    Activations and logits are left out: at batch size 1 they are thousands
+    of times smaller than the weights. A decoding step is `num_tokens=1`;
+    verifying K drafts feeds K + 1 tokens (the last emitted token and the K
+    drafts).
+
+    Args:
+        config: the model's `transformers` configuration.
+        context: tokens already in the KV cache.
+        dtype: the number format of weights and cache, e.g. "bf16".
+        num_tokens: m, the new tokens in the pass.
+
+    Returns:
+        A `StepTraffic`: weights, cache read, cache written (bytes).
     """
     _check_count("num_tokens", num_tokens, minimum=1)
+    # Every weight matrix is read once, however many tokens the pass holds.
     weights = streamed_parameters(config) * bytes_per_element(dtype)
-    return StepTraffic(weights, kv_cache_bytes(config, context, dtype), kv_cache_bytes(config, num_tokens, dtype))
+    # Attention reads the keys and values of the whole context ...
+    kv_read = kv_cache_bytes(config, context, dtype)
+    # ... and the pass appends those of its own new tokens.
+    kv_write = kv_cache_bytes(config, num_tokens, dtype)
+    return StepTraffic(weights, kv_read, kv_write)
 
 
-def step_flops(config: PretrainedConfig, *, context: int, num_tokens: int = 1) -> float:
-    """Floating-point operations of one cached pass over `num_tokens` tokens after `context`.
+def step_flops(config: PretrainedConfig, *, context: int,
+               num_tokens: int = 1) -> float:
+    """Floating-point operations of one cached pass over `num_tokens` tokens.
 
-    Two operations (a multiply and an add) per streamed weight per token, plus attention:
-    token i of the pass scores and mixes context + i positions (QK^T and AV, 2 FLOPs each).
+    Args:
+        config: the model's `transformers` configuration.
+        context: tokens already in the KV cache.
+        num_tokens: m, the new tokens in the pass.
+
+    Returns:
+        FLOPs of the matrix products with the weights plus attention.
     """
     _check_count("context", context, minimum=0)
     _check_count("num_tokens", num_tokens, minimum=1)
     s = model_shape(config)
+    # A multiply and an add per streamed weight, for each of the m tokens.
     matmuls = 2 * streamed_parameters(config) * num_tokens
-    attended = num_tokens * context + num_tokens * (num_tokens + 1) // 2  # sum over i of (context + i)
+    # Token i of the pass attends to context + i positions (i = 1 .. m).
+    attended = num_tokens * context + num_tokens * (num_tokens + 1) // 2
+    # Scores (q.k) and mixing (weights @ v): 2 FLOPs each per head channel.
     attention = 4 * s.num_layers * s.num_heads * s.head_dim * attended
     return float(matmuls + attention)
 
 
 def arithmetic_intensity(config: PretrainedConfig, *, context: int, dtype: torch.dtype | str,
                          num_tokens: int = 1) -> float:
-    """FLOPs per byte moved of a cached pass: about 1 for a bf16 decoding step, about T for T tokens."""
+    """FLOPs per byte moved of a cached pass: about 1 for a bf16 decoding step, about m for m tokens."""
     return step_flops(config, context=context, num_tokens=num_tokens) / step_bytes(
         config, context=context, dtype=dtype, num_tokens=num_tokens).total
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 from conftest import make_model
-from transformers import BertConfig
+from transformers import CONFIG_MAPPING, AutoModelForCausalLM, BertConfig, MixtralConfig, Qwen2Config
 
 from specdec_ref.measure import (
     decode_bandwidth,
@@ -26,6 +26,7 @@ from specdec_ref.memory import (
     kv_cache_bytes,
     llama2_70b_config,
     meta_parameter_count,
+    model_shape,
     ridge_point,
     roofline_time,
     step_bytes,
@@ -62,6 +63,71 @@ def test_formula_count_matches_meta_instantiation(name):
     else:
         config = gpt2_config(name)
     assert count_parameters(config) == meta_parameter_count(config)
+
+
+# Llama-like architectures beyond Llama itself: biases, per-head norms, extra norms, fused projections.
+LLAMA_LIKE = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "granite", "starcoder2"]
+
+
+def small_config(model_type: str, *, tied: bool, biases: bool):
+    """A small configuration of `model_type`; `biases` switches every bias flag the type has."""
+    flags = {"attention_bias": True, "mlp_bias": True, "use_bias": True} if biases else {"use_bias": False}
+    return CONFIG_MAPPING[model_type](hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+                                      bos_token_id=0, eos_token_id=1, pad_token_id=None,
+                                      tie_word_embeddings=tied, **flags)
+
+
+@pytest.mark.parametrize("biases", [False, True], ids=["no-bias-flags", "bias-flags"])
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize("model_type", LLAMA_LIKE)
+def test_llama_like_counts_match_meta_instantiation(model_type, tied, biases):
+    """Formula = the model transformers builds, for each known type, tied or not, with or without biases."""
+    config = small_config(model_type, tied=tied, biases=biases)
+    assert count_parameters(config) == meta_parameter_count(config)
+
+
+def test_qwen2_counts_its_qkv_biases():
+    """Qwen2 has biases on q, k and v (none on o or the MLP): d_q + 2 d_kv per layer more than Mistral."""
+    qwen2 = small_config("qwen2", tied=True, biases=False)
+    mistral = small_config("mistral", tied=True, biases=False)
+    shape = model_shape(qwen2)
+    assert shape.qkv_bias and not shape.o_bias and not shape.mlp_bias
+    per_layer = shape.num_heads * shape.head_dim + 2 * shape.num_kv_heads * shape.head_dim
+    assert count_parameters(qwen2) - count_parameters(mistral) == 2 * per_layer
+
+
+@pytest.mark.parametrize("shape, expected", [
+    ((896, 4864, 24, 14, 2, 151936, True), 494_032_768),  # Qwen2.5-0.5B
+    ((1536, 8960, 28, 12, 2, 151936, True), 1_543_714_304),  # Qwen2.5-1.5B
+    ((3584, 18944, 28, 28, 4, 152064, False), 7_615_616_512),  # Qwen2.5-7B
+], ids=["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"])
+def test_qwen2_5_shapes_have_their_published_counts(shape, expected):
+    """The Qwen2.5 pairs' shapes (tied 0.5B and 1.5B, untied 7B): published counts, formula and meta."""
+    hidden, intermediate, layers, heads, kv_heads, vocab, tied = shape
+    config = Qwen2Config(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
+                         tie_word_embeddings=tied)
+    assert count_parameters(config) == expected
+    assert meta_parameter_count(config) == expected
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3", "gemma2", "starcoder2"])
+def test_streamed_weight_bytes_of_llama_like_models_match_the_formula(model_type):
+    """Bytes counted from a (meta-device) model's tensors equal the configuration formula, biases included."""
+    for tied in (True, False):
+        config = small_config(model_type, tied=tied, biases=True)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        assert streamed_weight_bytes(model) == streamed_parameters(config) * 4
+
+
+def test_unknown_model_types_are_refused_by_name():
+    """A mixture of experts or an encoder has no known layout: a ValueError names its model_type."""
+    with pytest.raises(ValueError, match="'mixtral'"):
+        model_shape(MixtralConfig())
+    with pytest.raises(ValueError, match="'bert'.*supported model types: gemma"):
+        step_bytes(BertConfig(), context=1, dtype="bf16")
 
 
 def test_llama2_70b_shape_is_a_70b_model():
@@ -110,20 +176,20 @@ def test_streamed_weight_bytes_of_a_model_match_the_formula(family):
 
 
 def test_verification_flops_equal_the_decoding_steps_they_replace():
-    """One pass over T tokens does the FLOPs of T decoding steps at contexts C .. C + T - 1."""
+    """One pass over m tokens does the FLOPs of m decoding steps at contexts C .. C + m - 1."""
     config = gpt2_config("gpt2")
     steps = sum(step_flops(config, context=100 + i) for i in range(8))
     assert step_flops(config, context=100, num_tokens=8) == steps
 
 
 def test_decode_step_is_about_one_flop_per_byte_and_verification_scales():
-    """A bf16 decoding step does about 1 FLOP per byte; a T-token pass about T (same bytes)."""
+    """A bf16 decoding step does about 1 FLOP per byte; an m-token pass about m (same bytes)."""
     config = gpt2_config("gpt2-xl")
     one = arithmetic_intensity(config, context=512, dtype="bf16")
     assert 0.9 < one < 1.1
     assert arithmetic_intensity(config, context=512, dtype="fp32") == pytest.approx(one / 2, rel=0.01)
-    for t in (2, 5, 16):
-        assert arithmetic_intensity(config, context=512, dtype="bf16", num_tokens=t) == pytest.approx(t * one, rel=0.05)
+    for m in (2, 5, 16):
+        assert arithmetic_intensity(config, context=512, dtype="bf16", num_tokens=m) == pytest.approx(m * one, rel=0.05)
     assert step_bytes(config, context=512, dtype="bf16", num_tokens=5).weights == step_bytes(
         config, context=512, dtype="bf16").weights
 

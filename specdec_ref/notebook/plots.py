@@ -7,7 +7,7 @@ itself needs neither.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -44,32 +44,71 @@ def plot_timings(ax, xs: Sequence[float], timings: Sequence[Timing], *, label: s
     ax.fill_between(xs, [t.q1 * scale for t in timings], [t.q3 * scale for t in timings], alpha=0.25)
 
 
-def plot_distributions(ax, p: torch.Tensor, q: torch.Tensor, *, labels: Sequence[str] | None = None,
-                       top: int = 12, names: tuple[str, str] = ("target p", "draft q")) -> list[int]:
-    """Side-by-side bars of the `top` most likely tokens under p or q; returns their ids.
+def _visible(text: str, width: int = 10) -> str:
+    """A token's text as a short label with visible whitespace, at most `width` characters.
+
+    A space is drawn as "·", a newline as "↵", a tab as "⇥", a run of three or more spaces
+    as "·×n"; longer text is cut with "…", and empty text is "∅".
+    """
+    label, i = "", 0
+    while i < len(text):
+        if text[i] == " ":
+            run = len(text) - i - len(text[i:].lstrip(" "))
+            label += "·" * run if run < 3 else f"·×{run}"
+            i += run
+        else:
+            label += {"\n": "↵", "\t": "⇥"}.get(text[i], text[i])
+            i += 1
+    label = label or "∅"
+    return label if len(label) <= width else label[: width - 1] + "…"
+
+
+def plot_distributions(ax, dists: Mapping[str, torch.Tensor], *, decode: Callable[[list[int]], str] | None = None,
+                       ids: Sequence[int] | None = None, top: int = 8, log: bool = False,
+                       highlight: int | None = None) -> list[int]:
+    """Horizontal bars: the probability that each distribution gives a few tokens, most likely on top.
 
     Args:
         ax: a matplotlib axes.
-        p, q: two distributions over the same vocabulary, shape (V,).
-        labels: the text of every token id (default: the ids themselves).
-        top: how many tokens to show, ordered by max(p, q).
-        names: the legend entries for p and q.
+        dists: name -> a distribution over one vocabulary, shape (V,): one bar per name and token.
+        decode: token ids -> text (e.g. `BookPair.decode`); the labels show the text with visible
+            whitespace (· space, ↵ newline, ⇥ tab). Default: the ids themselves.
+        ids: the tokens to show, top to bottom (default: the `top` most likely under any of `dists`).
+        top: how many tokens to show when `ids` is None.
+        log: a logarithmic probability axis, where small probabilities stay visible; a token
+            with probability 0 (cut by top-k or top-p) has no bar.
+        highlight: a token whose label is drawn in bold and colour (e.g. the drafted token).
+
+    Returns:
+        The token ids shown, top to bottom.
     """
-    if p.shape != q.shape or p.dim() != 1:
-        raise ValueError(f"p and q must be vectors of one shape, got {tuple(p.shape)} and {tuple(q.shape)}")
-    ids = torch.maximum(p, q).topk(min(top, p.numel())).indices.tolist()
-    xs = torch.arange(len(ids), dtype=torch.float32)
-    ax.bar(xs - 0.2, p[ids].float().cpu(), width=0.4, label=names[0])
-    ax.bar(xs + 0.2, q[ids].float().cpu(), width=0.4, label=names[1])
-    ax.set_xticks(xs.tolist(), [repr(labels[i]) if labels else str(i) for i in ids], rotation=60, fontsize=8)
-    ax.set_ylabel("probability")
-    ax.legend()
+    rows = [d.detach().float().cpu() for d in dists.values()]
+    if not rows or any(r.dim() != 1 or r.shape != rows[0].shape for r in rows):
+        raise ValueError(f"dists must hold vectors of one shape, got {[tuple(r.shape) for r in rows]}")
+    if ids is None:
+        ids = torch.stack(rows).amax(0).topk(min(top, rows[0].numel())).indices.tolist()
+    ids = [int(i) for i in ids]
+    ys = [len(ids) - 1 - r for r in range(len(ids))]  # the first token on top
+    height = 0.8 / len(rows)
+    for k, (name, row) in enumerate(zip(dists, rows, strict=True)):
+        offset = ((len(rows) - 1) / 2 - k) * height  # the first distribution's bar on top
+        ax.barh([y + offset for y in ys], row[ids].tolist(), height=height, label=name)
+    ax.set_yticks(ys, [_visible(decode([i])) if decode else str(i) for i in ids], family="monospace", fontsize=9)
+    if highlight is not None and int(highlight) in ids:
+        tick = ax.get_yticklabels()[ids.index(int(highlight))]
+        tick.set_fontweight("bold")
+        tick.set_color("#b35900")
+    if log:
+        ax.set_xscale("log")
+    ax.set_xlabel("probability")
+    if len(rows) > 1:
+        ax.legend(fontsize=8)
     return ids
 
 
 def plot_pass_time(ax, config, *, dtype: str, bandwidth: float, peak_flops: float, context: int = 512,
                    max_tokens: int = 512, label: str = "") -> None:
-    """Roofline time of one cached pass against the number of tokens in it (log-log).
+    """Roofline time of one cached pass against the number of tokens m in it (log-log).
 
     Uses `memory.step_flops`, `memory.step_bytes` and `memory.roofline_time`: the pass
     takes the longer of moving its bytes and doing its FLOPs.
@@ -85,12 +124,12 @@ def plot_pass_time(ax, config, *, dtype: str, bandwidth: float, peak_flops: floa
     """
     from .. import memory
 
-    tokens = sorted({round(2 ** (i / 4)) for i in range(int(4 * math.log2(max_tokens)) + 1)})
-    times = [memory.roofline_time(memory.step_flops(config, context=context, num_tokens=t),
-                                  memory.step_bytes(config, context=context, dtype=dtype, num_tokens=t).total,
-                                  peak_flops=peak_flops, bandwidth=bandwidth) for t in tokens]
+    tokens = sorted({round(2 ** (i / 4)) for i in range(int(4 * math.log2(max_tokens)) + 1)})  # m values
+    times = [memory.roofline_time(memory.step_flops(config, context=context, num_tokens=m),
+                                  memory.step_bytes(config, context=context, dtype=dtype, num_tokens=m).total,
+                                  peak_flops=peak_flops, bandwidth=bandwidth) for m in tokens]
     ax.loglog(tokens, [t * 1e3 for t in times], label=label or None)
-    ax.set_xlabel("tokens per pass")
+    ax.set_xlabel("tokens per pass, $m$")
     ax.set_ylabel("time per pass (ms)")
 
 
@@ -120,30 +159,41 @@ def plot_roofline(ax, *, peak_flops: float, bandwidth: float, points: Mapping[st
 def plot_verification_layout(ax, prefix: Sequence[str], drafts: Sequence[str]) -> None:
     """Draw which position's logits score which token in a verification pass.
 
+    Every token gets a box of the same width, its text shortened with visible whitespace
+    (· space, ↵ newline), and its position (n - 1 is the last prefix token) underneath.
+
     Args:
         ax: a matplotlib axes.
         prefix: the text of the last few prefix tokens (the last one is position n - 1).
         drafts: the text of the K drafted tokens (positions n .. n + K - 1).
     """
-    tokens = [*prefix, *drafts, "bonus"]
+    from matplotlib.patches import FancyBboxPatch
+
+    tokens = [*prefix, *drafts, None]  # None: the bonus token, not sampled yet
     first = len(prefix) - 1  # the box of position n - 1, whose logits give p_0
+    width, height = 0.86, 0.5  # every box alike, in data units: one unit per position
+    styles = {"prefix": dict(fc="#dddddd", ls="-"), "draft": dict(fc="#fdd9b5", ls="-"),
+              "bonus": dict(fc="white", ls="--")}
     for j, text in enumerate(tokens):
-        kind = "prefix" if j < len(prefix) else ("draft" if j < len(tokens) - 1 else "bonus")
-        style = {"prefix": dict(fc="#dddddd", ls="-"), "draft": dict(fc="#fdd9b5", ls="-"),
-                 "bonus": dict(fc="white", ls="--")}[kind]
-        ax.text(j, 0, repr(text) if kind != "bonus" else "?", ha="center", va="center", fontsize=9,
-                bbox=dict(boxstyle="round,pad=0.35", ec="#555555", **style))
-        if j >= first and j < len(tokens) - 1:
+        kind = "prefix" if j < len(prefix) else ("draft" if text is not None else "bonus")
+        ax.add_patch(FancyBboxPatch((j - width / 2, -height / 2), width, height, ec="#555555",
+                                    boxstyle="round,pad=0,rounding_size=0.1", **styles[kind]))
+        ax.text(j, 0, "?" if text is None else _visible(text, 8), ha="center", va="center",
+                family="monospace", fontsize=8)
+        shift = j - first  # position n - 1 + shift
+        ax.text(j, -0.42, "n" if shift == 1 else f"n {'+' if shift > 1 else '-'} {abs(shift - 1)}",
+                ha="center", fontsize=7, color="#555555")
+        if first <= j < len(tokens) - 1:
             # The logits at position j are the distribution of the token at j + 1.
-            slot = j - first
-            ax.annotate("", xy=(j + 1, 0.25), xytext=(j, 0.25),
+            ax.annotate("", xy=(j + 1, height / 2 + 0.02), xytext=(j, height / 2 + 0.02),
                         arrowprops=dict(arrowstyle="->", color="#1f77b4", connectionstyle="arc3,rad=-0.5"))
-            ax.text(j + 0.5, 0.85, f"$p_{{{slot}}}$", ha="center", fontsize=11, color="#1f77b4")
-    ax.text(first - 0.5, -0.7, "prompt ...", ha="center", fontsize=9, color="#555555")
-    ax.text(first + 1 + (len(drafts) - 1) / 2, -0.7, f"{len(drafts)} drafted tokens", ha="center", fontsize=9,
+            ax.text(j + 0.5, 0.85, f"$p_{{{j - first}}}$", ha="center", fontsize=11, color="#1f77b4")
+    ax.text(first - 0.5, -0.85, "prompt ...", ha="center", fontsize=9, color="#555555")
+    ax.text(first + 1 + (len(drafts) - 1) / 2, -0.85, f"{len(drafts)} drafted tokens", ha="center", fontsize=9,
             color="#b35900")
-    ax.set_xlim(-0.7, len(tokens) - 0.3)
-    ax.set_ylim(-1.0, 1.3)
+    ax.text(len(tokens) - 1, -0.85, "bonus", ha="center", fontsize=9, color="#555555")
+    ax.set_xlim(-0.6, len(tokens) - 0.4)
+    ax.set_ylim(-1.0, 1.2)
     ax.axis("off")
 
 
@@ -158,9 +208,15 @@ def slider_explorer(draw, sliders: Mapping[str, object], *, description: str = "
     Returns:
         The widget box (display it, or leave it as the cell's last expression). The
         figure of the initial values is drawn once, so a static page shows it too.
+        Its plain-text form (what a notebook stores besides the widget) is one
+        short line naming the sliders, not the widget tree.
     """
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
+
+    class Explorer(widgets.VBox):
+        def __repr__(self) -> str:
+            return f"<slider explorer: {', '.join(sliders)}>"
 
     def redraw(**values) -> None:
         draw(**values)
@@ -169,4 +225,4 @@ def slider_explorer(draw, sliders: Mapping[str, object], *, description: str = "
     # interactive_output calls redraw once now, capturing the figure in the Output widget.
     output = widgets.interactive_output(redraw, dict(sliders))
     header = [widgets.HTML(f"<p>{description}</p>")] if description else []
-    return widgets.VBox([*header, *sliders.values(), output])
+    return Explorer([*header, *sliders.values(), output])
