@@ -11,7 +11,7 @@ PYTEST_WORKERS ?= -n 2
 # $(call timed,name,command): run a command and print its wall time in seconds.
 timed = start=$$(date +%s); $(2); status=$$?; echo "time: $(1) $$(( $$(date +%s) - start )) s"; exit $$status
 
-.PHONY: setup demo bench execute test lint clean book book-build static nbval nbval-half browser-check chromium
+.PHONY: setup demo bench execute test test-floor lint clean book book-build static nbval nbval-half browser-check chromium
 
 # A preinstalled torch (Colab, a CUDA machine) is kept: the venv then sees the system
 # site-packages. Otherwise the CPU build pinned in constraints/cpu.txt is installed.
@@ -70,14 +70,35 @@ static:
 # changes the order of float reductions the way another CPU does, so an output that
 # depends on the last bits fails here, not on a reader's machine.
 nbval: setup
-	SPECDEC_THREADS=2 $(BIN)/python -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
+	SPECDEC_THREADS=2 OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
 		--nbval-sanitize-with tests/nbval_sanitize.cfg notebooks/
 
 # The notebooks again with the tiny pair in bfloat16, as a half-precision GPU pair runs
 # them on Colab: outputs differ, so only errors and the notebooks' own asserts count.
 nbval-half: setup
-	SPECDEC_DTYPE=bfloat16 $(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
+	SPECDEC_DTYPE=bfloat16 OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
 		notebooks/
+
+# The unit tests against the oldest releases pyproject.toml allows (transformers 4.56):
+# A second virtual environment, built from the pins in constraints/floor.txt (the
+# oldest transformers, tokenizers, huggingface-hub, safetensors, numpy and tqdm that
+# pyproject.toml allows, with the CPU torch of constraints/cpu.txt), then `pytest` in
+# it: the proof that the floors in pyproject.toml are true. Not part of `make test`.
+FLOOR_VENV ?= .venv-floor
+FLOOR_BIN := $(FLOOR_VENV)/bin
+
+$(FLOOR_VENV)/.installed: pyproject.toml constraints/floor.txt constraints/cpu.txt
+	rm -rf $(FLOOR_VENV)
+	$(PY) -m venv $(FLOOR_VENV)
+	$(FLOOR_BIN)/pip install -q --upgrade pip
+	$(FLOOR_BIN)/pip install -q $(PIP_TORCH_FLAGS) -r constraints/cpu.txt
+	$(FLOOR_BIN)/pip install -q -e ".[dev,book]" -c constraints/floor.txt
+	$(FLOOR_BIN)/pip check
+	@touch $@
+
+test-floor: $(FLOOR_VENV)/.installed
+	$(FLOOR_BIN)/python -c "import transformers as t; print('test-floor: transformers', t.__version__)"
+	$(FLOOR_BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_WORKERS)
 
 browser-check: setup
 	$(BIN)/python scripts/browser_check.py
@@ -98,4 +119,4 @@ lint: setup
 	$(BIN)/ruff check specdec_ref tests scripts book/_ext
 
 clean:
-	rm -rf $(VENV) _build .pytest_cache _static_offline
+	rm -rf $(VENV) $(FLOOR_VENV) _build .pytest_cache _static_offline

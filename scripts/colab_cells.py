@@ -55,16 +55,33 @@ def badge_line(notebook: Path, url: str, branch: str) -> str:
 
 
 def setup_source(url: str, branch: str) -> str:
-    """The set-up cell, the same in every chapter."""
+    """The set-up cell, the same in every chapter (every line within 80 characters).
+
+    On Colab it runs a plain `pip install` of the repository: no `--upgrade`, so pip
+    keeps every dependency Colab already ships when that release satisfies the
+    package's floor (torch, transformers, tokenizers...) and installs only what is
+    missing or too old. pip's output is captured and shown only if pip fails, followed
+    by an error that names what could not be installed (so no `-q`: all of it).
+    """
     return f'''\
-# Set-up. On Google Colab this installs the book's package; elsewhere it installs nothing.
-# The pair: gpt2 -> gpt2-xl on a Colab GPU, otherwise the tiny pair shipped with the package.
-# To choose, set PAIR to a pair name ("tiny", "gpt2") or the environment variable SPECDEC_PAIR.
+# Set-up. On Google Colab this installs the book's package, keeping the
+# libraries Colab already has when they are recent enough; elsewhere it
+# installs nothing. The pair: gpt2 -> gpt2-xl on a Colab GPU, otherwise the
+# tiny pair shipped with the package. To choose, set PAIR to a pair name
+# ("tiny", "gpt2") or the environment variable SPECDEC_PAIR.
 import subprocess
 import sys
 
 if "google.colab" in sys.modules:
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "git+{url}@{branch}"], check=True)
+    PACKAGE = "git+{url}@{branch}"
+    pip = subprocess.run(
+        [sys.executable, "-m", "pip", "install", PACKAGE],
+        capture_output=True,
+        text=True,
+    )
+    if pip.returncode != 0:
+        print(pip.stdout, pip.stderr, sep="\\n")
+        raise RuntimeError(f"pip failed to install {{PACKAGE}} (output above)")
 
 from specdec_ref.notebook import open_pair
 

@@ -10,10 +10,26 @@
   free Colab GPU). These models pad their embedding matrices to different sizes (151936
   rows for 0.5B and 1.5B, 152064 for 7B) around one tokenizer of 151665 tokens.
 
-Invariant: the two returned models have output embeddings of the same size, so p and q
-are distributions over the same token ids. When the checkpoints differ, both are
-restricted to the shared range [0, min(V_draft, V_target)): the rows cut off are padding
-that no tokenizer id maps to, and the logits of the kept ids are unchanged.
+Invariant: the two returned models have output embeddings of the same size N, and
+every id in [0, N) is a token of the tokenizer; so p and q are distributions over the
+same real token ids, and no id that maps to no text can ever be emitted.
+
+Padding rows. A checkpoint may have more embedding rows than its tokenizer has tokens
+(Qwen2.5: 151936 or 152064 rows for 151665 tokens). No text maps to the extra rows,
+but their logits are finite, so a softmax over all rows gives them mass (uncut, the
+271 padding ids of Qwen2.5-0.5B could be sampled). `align_vocabularies` cuts both
+models to N = the tokenizer's size (without a tokenizer: the rows the two share,
+N = min(V_draft, V_target)), in place; the logits of the kept ids are unchanged. Each
+model therefore samples its own softmax renormalised over the real token ids,
+which is its distribution conditioned on emitting a real token: with logits z and
+temperature T,
+
+    p(x) = exp(z_x / T) / sum_{y < N} exp(z_y / T)  for x < N,  0 for padding ids,
+
+and top-k / top-p then act on this distribution; greedy decoding takes the argmax
+over real ids. Speculative decoding is exact with respect to this p: its output is
+distributed as the restricted target's, i.e. as `target_model.generate` samples
+after `load_pair` (which uses the restricted head too).
 """
 
 from __future__ import annotations
@@ -78,7 +94,8 @@ def restrict_vocabulary(model: PreTrainedModel, size: int) -> PreTrainedModel:
 
     Works in place on the existing parameters (tied embeddings stay tied, and the hooks
     `accelerate` puts on a model spread over several devices stay attached). The logits
-    of ids below `size` are unchanged; the ids above disappear from the softmax.
+    of ids below `size` are unchanged; the ids above disappear from the softmax, which
+    is renormalised over the ids kept.
 
     Raises:
         ValueError: if `size` is not in [1, current vocabulary size].
@@ -102,20 +119,33 @@ def restrict_vocabulary(model: PreTrainedModel, size: int) -> PreTrainedModel:
     return model
 
 
+def _tokenizer_size(tokenizer: PreTrainedTokenizerBase) -> int:
+    """How many ids the tokenizer can produce: len(tokenizer), or one past its largest id if that is more."""
+    ids = tokenizer.get_vocab().values()
+    return max(len(tokenizer), max(ids, default=-1) + 1)
+
+
 def align_vocabularies(
     draft_model: PreTrainedModel, target_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None
 ) -> int:
-    """Restrict both models to their shared token range; return its size.
+    """Restrict both models to the token ids that are real in both; return how many (N).
+
+    N is the tokenizer's size when a tokenizer is given, so padding rows beyond it get
+    zero probability in both models (see the module docstring for the distribution that
+    is then sampled); without one, N = min(V_draft, V_target).
 
     Raises:
-        ValueError: if the tokenizer has ids outside the shared range.
+        ValueError: if the tokenizer has ids outside the rows the models share.
     """
     shared = min(vocab_size(draft_model), vocab_size(target_model))
-    if tokenizer is not None and len(tokenizer) > shared:
-        raise ValueError(
-            f"the tokenizer has {len(tokenizer)} tokens but the models share only {shared} output rows: "
-            "these checkpoints do not share a vocabulary"
-        )
+    if tokenizer is not None:
+        real = _tokenizer_size(tokenizer)
+        if real > shared:
+            raise ValueError(
+                f"the tokenizer has {real} tokens but the models share only {shared} output rows: "
+                "these checkpoints do not share a vocabulary"
+            )
+        shared = real  # ids in [len(tokenizer), shared) are padding: cut them too
     restrict_vocabulary(draft_model, shared)
     restrict_vocabulary(target_model, shared)
     return shared

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from specdec_ref import SamplingConfig, autoregressive_generate, speculative_generate
+from specdec_ref import models as models_module
+from specdec_ref.drafting import draft_tokens
 from specdec_ref.models import (
     PAIRS,
     TINY_DIR,
@@ -21,10 +23,12 @@ from specdec_ref.models import (
     load_pair,
     restrict_vocabulary,
 )
+from specdec_ref.sampling import logits_to_probs
 from specdec_ref.training.corpus import CorpusConfig, held_out_prompts, is_held_out, iter_documents, load_corpus
 from specdec_ref.training.evaluate import perplexity
 from specdec_ref.training.train import encode
 from specdec_ref.validation import vocab_size
+from specdec_ref.verification import target_distributions
 
 # The quality bar of the model card, and the margin the tests allow below it: the tests
 # use 8 prompts and 48 new tokens (the card: 32 prompts, 64 tokens), so their estimate
@@ -178,6 +182,89 @@ def test_padded_vocabularies_are_restricted_to_the_shared_range():
     spec = speculative_generate(target_model, draft_model, ids, max_new_tokens=8, sampling=greedy)
     base = autoregressive_generate(target_model, ids, max_new_tokens=8, sampling=greedy)
     assert torch.equal(spec.sequences, base.sequences)
+
+
+def _word_tokenizer(size: int) -> PreTrainedTokenizerFast:
+    """An offline word-level tokenizer with exactly `size` ids ("w0" ... )."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    vocab = {f"w{i}": i for i in range(size)}
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="w0")))
+
+
+def _make_padding_loud(model: Qwen2ForCausalLM, real: int, scale: float = 50.0) -> None:
+    """Scale the output rows of ids >= real, so that the padding ids dominate the softmax."""
+    with torch.no_grad():
+        model.get_output_embeddings().weight[real:] *= scale
+
+
+def test_padding_ids_get_zero_probability_and_are_never_emitted():
+    """Rows beyond the tokenizer are cut from both models: p and q cover only real ids, renormalised."""
+    real = 256  # the tokenizer's ids; the draft has 300 rows (tied), the target 320 (untied)
+    draft_model, target_model = _qwen2(300, tied=True, seed=0), _qwen2(320, tied=False, seed=1)
+    _make_padding_loud(draft_model, real)
+    _make_padding_loud(target_model, real)
+    ids = torch.tensor([[5, 17, 200, 42, 99]])  # (1, 5)
+    with torch.no_grad():
+        before = {"draft": draft_model(ids).logits[0], "target": target_model(ids).logits[0]}  # (5, 300 or 320)
+    for logits in before.values():  # unaligned, the padding ids would take nearly all the mass
+        assert (logits.softmax(-1)[:, real:].sum(-1) > 0.99).all()
+
+    assert align_vocabularies(draft_model, target_model, _word_tokenizer(real)) == real
+    assert vocab_size(draft_model) == vocab_size(target_model) == target_model.config.vocab_size == real
+    assert draft_model.get_output_embeddings().weight is draft_model.get_input_embeddings().weight  # still tied
+
+    # What is sampled: each model's softmax renormalised over the real ids (here at T = 0.7).
+    sampling = SamplingConfig(temperature=0.7)
+    for name, model in (("draft", draft_model), ("target", target_model)):
+        with torch.no_grad():
+            probs = logits_to_probs(model(ids).logits[0], sampling)  # (5, real)
+        torch.testing.assert_close(probs, (before[name][:, :real] / 0.7).softmax(-1))
+
+    # q and p, as the decoder computes them, lie on the real ids only, and so does every token drawn.
+    generator = torch.Generator().manual_seed(0)
+    draft = draft_tokens(draft_model, ids, 4, sampling, generator)
+    p = target_distributions(target_model, ids, draft.tokens, sampling)
+    assert draft.probs.shape == (4, real) and p.shape == (5, real)
+    torch.testing.assert_close(p.sum(-1), torch.ones(5))
+    for seed in range(3):
+        out = speculative_generate(target_model, draft_model, ids, max_new_tokens=24, num_draft_tokens=3,
+                                   generator=torch.Generator().manual_seed(seed))
+        assert int(out.sequences.max()) < real
+        assert max(token for record in out.trace for token in record.drafted) < real
+
+    # Greedy: the target's own `generate` on the restricted model, i.e. the argmax over real ids.
+    greedy = SamplingConfig(temperature=0.0)
+    eos = target_model.generation_config.eos_token_id
+    spec = speculative_generate(target_model, draft_model, ids, max_new_tokens=24, sampling=greedy, eos_token_id=eos)
+    hf = target_model.generate(ids, max_new_tokens=24, do_sample=False)
+    assert torch.equal(spec.sequences, hf)
+    assert int(spec.sequences[0, ids.size(1)]) == int(before["target"][-1, :real].argmax())
+
+
+@pytest.mark.parametrize(
+    ("cuda", "native_bf16", "emulated_bf16", "expected"),
+    [
+        (True, True, True, torch.bfloat16),  # Ampere and newer: bf16 in hardware
+        (True, False, True, torch.float16),  # a T4: bf16 only through emulation
+        (False, False, False, torch.float32),  # a CPU
+    ],
+)
+def test_default_dtype_is_bfloat16_only_where_the_gpu_computes_it(monkeypatch, cuda, native_bf16, emulated_bf16,
+                                                                   expected):
+    """Native bf16 -> bfloat16, emulated-only bf16 -> float16, CPU -> float32; the tiny pair stays float32."""
+
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        return native_bf16 or (including_emulation and emulated_bf16)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    device = models_module._default_device(None)
+    assert device.type == ("cuda" if cuda else "cpu")
+    assert models_module._default_dtype(None, device, embedded=False) is expected
+    assert models_module._default_dtype(None, device, embedded=True) is torch.float32
+    assert models_module._default_dtype(torch.float16, device, embedded=False) is torch.float16
 
 
 def test_restrict_vocabulary_rejects_a_size_out_of_range():

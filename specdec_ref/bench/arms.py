@@ -95,10 +95,13 @@ def assisted_defaults() -> dict:
     from transformers import GenerationConfig
     from transformers.utils import is_sklearn_available
 
+    # transformers 5.x keeps them in _get_default_generation_params(); 4.x on a fresh GenerationConfig.
     defaults = getattr(GenerationConfig, "_get_default_generation_params", dict)()
+    fresh = GenerationConfig()
     keys = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
     # Without scikit-learn, transformers keeps the confidence threshold fixed instead of adapting it.
-    return {**{key: defaults.get(key) for key in keys}, "threshold_adapts": bool(is_sklearn_available())}
+    return {**{key: defaults.get(key, getattr(fresh, key, None)) for key in keys},
+            "threshold_adapts": bool(is_sklearn_available())}
 
 
 class ForwardMeter:
@@ -228,10 +231,11 @@ class ArmRunner:
         """A fresh assistant generation config: library defaults, or K drafts every round."""
         config = copy.deepcopy(self._draft_config)
         if arm.schedule == "default":
-            # None: transformers fills in its own defaults when generation starts.
-            config.num_assistant_tokens = None
-            config.num_assistant_tokens_schedule = None
-            config.assistant_confidence_threshold = None
+            # The library's own defaults, spelled out: transformers 5.x would fill in None
+            # when generation starts, 4.x needs the values.
+            for key, value in assisted_defaults().items():
+                if hasattr(config, key):
+                    setattr(config, key, value)
         else:
             # Exactly K drafts per round, as in specdec_ref: constant schedule, no early stop on low confidence.
             config.num_assistant_tokens = arm.k

@@ -160,6 +160,11 @@ def save_half(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, folder
     config_file = folder / "config.json"
     config_file.write_text(config_file.read_text().replace('"dtype": "float16"', '"dtype": "float32"'))
     tokenizer.save_pretrained(folder)
+    # transformers 5 names the class "TokenizersBackend", which 4.x cannot load; the
+    # same fast tokenizer under its older name loads in both (the package's floor is 4.56).
+    tokenizer_file = folder / "tokenizer_config.json"
+    tokenizer_file.write_text(tokenizer_file.read_text().replace(
+        '"tokenizer_class": "TokenizersBackend"', '"tokenizer_class": "PreTrainedTokenizerFast"'))
 
 
 def num_params(model: PreTrainedModel) -> int:
