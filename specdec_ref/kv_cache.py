@@ -32,6 +32,18 @@ import torch
 import transformers
 from transformers import DynamicCache, PreTrainedModel
 
+# The oldest transformers whose sliding-window layers roll back correctly: 5.14 added
+# past recording, but 5.17's attention masks still assume a window-sized cache (checked
+# on a CUDA machine: mask and keys differ in length); 5.24 passes tests/test_edges.py.
+SLIDING_ROLLBACK_MIN = (5, 24)
+
+
+def sliding_rollback_supported() -> bool:
+    """Whether this transformers release can roll back a sliding-window cache."""
+    release = tuple(int(part) for part in transformers.__version__.split(".")[:2] if part.isdigit())
+    layer = getattr(transformers.cache_utils, "DynamicSlidingWindowLayer", None)
+    return release >= SLIDING_ROLLBACK_MIN and hasattr(layer, "activate_past_recording")
+
 
 class LogitsSource(Protocol):
     """Anything that answers 'logits of the last m positions of this sequence'."""
@@ -159,11 +171,13 @@ def rollback_cache(model: PreTrainedModel) -> DynamicCache:
     """
     cache = DynamicCache(config=model.config)
     sliding = _sliding_layers(cache)
-    if sliding and not all(hasattr(layer, "activate_past_recording") for layer in sliding):
+    recording = all(hasattr(layer, "activate_past_recording") for layer in sliding)
+    if sliding and not (recording and sliding_rollback_supported()):
         raise ValueError(
             f"{type(model).__name__} uses sliding-window attention (sliding_window="
             f"{getattr(model.config, 'sliding_window', None)}), and transformers {transformers.__version__} "
-            "cannot roll back a sliding-window cache; upgrade transformers or pass use_cache=False"
+            "cannot roll back a sliding-window cache (transformers >= "
+            f"{'.'.join(map(str, SLIDING_ROLLBACK_MIN))} can); upgrade it or pass use_cache=False"
         )
     for layer in sliding:
         layer.activate_past_recording()

@@ -172,6 +172,7 @@ def test_colab_setup_cell_does_nothing_outside_colab(monkeypatch):
 
 def test_offline_assets_are_used_only_when_complete(tmp_path):
     """The book serves MathJax and the widget manager locally only once all of them are there."""
+    pytest.importorskip("sphinx")  # the book extensions import it (the [book] extra)
     spec = importlib.util.spec_from_file_location("offline_assets", ROOT / "book" / "_ext" / "offline_assets.py")
     offline_assets = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(offline_assets)
@@ -198,6 +199,7 @@ def test_opening_page_comes_before_chapter_one():
 
 def test_widget_modules_find_their_fonts_in_the_manager_folder():
     """Every AMD module the widget bundle defines is mapped to _static/html-manager/, where its fonts are."""
+    pytest.importorskip("sphinx")  # the book extensions import it (the [book] extra)
     spec = importlib.util.spec_from_file_location("offline_assets", ROOT / "book" / "_ext" / "offline_assets.py")
     offline_assets = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(offline_assets)

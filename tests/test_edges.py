@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import transformers
 from conftest import make_model, noisy_copy
 from transformers import (
     Gemma2Config,
@@ -19,16 +20,16 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from specdec_ref import SamplingConfig, autoregressive_generate, speculative_generate
 from specdec_ref.decoder import speculative_step
-from specdec_ref.kv_cache import CachedForward, FullForward, rollback_cache
+from specdec_ref.kv_cache import CachedForward, FullForward, rollback_cache, sliding_rollback_supported
 
 GREEDY = SamplingConfig(temperature=0.0)
 WINDOW = 6
 
 
-# Rolling back a sliding-window cache needs past recording (transformers >= 5.14); older
-# releases get the clear error of test_sliding_window_without_past_recording_is_refused_up_front.
+# Rolling back a sliding-window cache needs transformers >= 5.24 (kv_cache.SLIDING_ROLLBACK_MIN);
+# older releases get the clear error of test_sliding_window_refused_where_transformers_cannot_roll_back.
 needs_past_recording = pytest.mark.skipif(
-    not hasattr(DynamicSlidingWindowLayer, "activate_past_recording"),
+    not sliding_rollback_supported(),
     reason="this transformers release cannot roll back a sliding-window cache",
 )
 
@@ -117,6 +118,14 @@ def test_sliding_window_without_past_recording_is_refused_up_front(monkeypatch):
     """A transformers release that cannot record a sliding layer's past gets a clear error."""
     monkeypatch.delattr(DynamicSlidingWindowLayer, "activate_past_recording", raising=False)
     with pytest.raises(ValueError, match="MistralForCausalLM uses sliding-window attention .sliding_window=6"):
+        rollback_cache(sliding_model("mistral"))
+
+
+def test_sliding_window_refused_where_transformers_cannot_roll_back(monkeypatch):
+    """A release below kv_cache.SLIDING_ROLLBACK_MIN (5.17 has past recording, wrong masks) is refused."""
+    monkeypatch.setattr(transformers, "__version__", "5.17.0")
+    assert not sliding_rollback_supported()
+    with pytest.raises(ValueError, match="transformers >= 5.24 can"):
         rollback_cache(sliding_model("mistral"))
 
 

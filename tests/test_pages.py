@@ -355,6 +355,7 @@ def test_browser_check_fails_on_a_missing_file_and_an_unlabelled_figure(tmp_path
 
 def test_widget_images_get_their_cells_alt_text():
     """book/_ext/widget_alt.py stores a cell's alt text beside its widget placeholder, and only there."""
+    pytest.importorskip("docutils")  # the book extensions need it (the [book] extra)
     from docutils import nodes
     from docutils.frontend import get_default_settings
     from docutils.parsers.rst import Parser
