@@ -97,8 +97,9 @@ class GenerationOutput:
     trace: list[IterationRecord] = field(default_factory=list)
 
 
-def _cut_after_eos(tokens: list[int], eos: set[int]) -> tuple[list[int], bool]:
-    """Keep tokens up to and including the first EOS; say whether one was found."""
+def _cut_after_eos(tokens: list[int],
+                   eos: set[int]) -> tuple[list[int], bool]:
+    """Keep tokens up to and including the first EOS; say if one was found."""
     for i, token in enumerate(tokens):
         if token in eos:
             return tokens[: i + 1], True
@@ -115,35 +116,44 @@ def speculative_step(
     generator: torch.Generator | None = None,
     eos: set[int] = frozenset(),
 ) -> tuple[torch.Tensor, IterationRecord, bool]:
-    """One draft-verify-accept iteration, with both caches left ready for the next.
+    """One draft-verify-accept iteration; both caches left ready for the next.
 
     Args:
         target, draft: the two models wrapped as logits sources (`kv_cache`).
         sequence: the tokens so far, shape (1, n).
-        num_draft_tokens: K >= 0 for this iteration (0 makes it one plain target step).
+        num_draft_tokens: K >= 0 for this iteration (0 makes it one plain
+            target step).
         sampling, generator: as in `speculative_generate`.
         eos: token ids after which generation stops.
 
     Returns:
-        (the extended sequence (1, n + emitted), what happened, whether an EOS was emitted).
+        (the extended sequence (1, n + emitted), what happened, whether an
+        EOS was emitted).
     """
     n = sequence.size(1)
-    proposal = draft_tokens(draft, sequence, num_draft_tokens, sampling, generator)
-    p = target_distributions(target, sequence, proposal.tokens, sampling)  # (K + 1, V)
-    emitted = accept_reject(proposal.tokens, proposal.probs, p, generator, greedy=sampling.greedy)
+    proposal = draft_tokens(draft, sequence, num_draft_tokens, sampling,
+                            generator)
+    p = target_distributions(target, sequence, proposal.tokens,
+                             sampling)  # (K + 1, V)
+    emitted = accept_reject(proposal.tokens, proposal.probs, p, generator,
+                            greedy=sampling.greedy)
     num_accepted = len(emitted) - 1
     emitted, hit_eos = _cut_after_eos(emitted, eos)
-    # An EOS among the accepted drafts ends the block: the drafts after it are dropped.
+    # An EOS among the accepted drafts ends the block: the drafts after it
+    # are dropped.
     num_accepted = min(num_accepted, len(emitted))
-    new = torch.tensor([emitted], dtype=sequence.dtype, device=sequence.device)
+    new = torch.tensor([emitted], dtype=sequence.dtype,
+                       device=sequence.device)
     sequence = torch.cat([sequence, new], dim=1)  # (1, n + emitted)
-    # Roll both caches back to the prefix and the accepted drafts. The last token of the
-    # sequence (the correction or bonus, or an EOS) stays unseen by both models: the
-    # next iteration feeds it first, so its logits are always computed fresh.
+    # Roll both caches back to the prefix and the accepted drafts. The last
+    # token of the sequence (the correction or bonus, or an EOS) stays
+    # unseen by both models: the next iteration feeds it first, so its
+    # logits are always computed fresh.
     keep = min(n + num_accepted, sequence.size(1) - 1)
     target.rollback(keep)
     draft.rollback(keep)
-    return sequence, IterationRecord(proposal.tokens.tolist(), emitted, num_accepted), hit_eos
+    record = IterationRecord(proposal.tokens.tolist(), emitted, num_accepted)
+    return sequence, record, hit_eos
 
 
 @torch.no_grad()
@@ -163,20 +173,26 @@ def speculative_generate(
 
     Args:
         target_model: the large model whose distribution the output follows.
-        draft_model: the small model; must share the target's vocabulary and device.
+        draft_model: the small model; must share the target's vocabulary and
+            device.
         input_ids: the prompt, shape (1, n) with n >= 1.
-        max_new_tokens: the most tokens to add (exactly this many unless EOS comes first).
-        num_draft_tokens: K >= 1 per iteration, or a schedule that adapts K (`schedules`);
-            a schedule's next_k() may return any integer >= 0 (0: one plain target step).
-        sampling: temperature / top-k / top-p for both models; temperature 0 is greedy.
+        max_new_tokens: the most tokens to add (exactly this many unless EOS
+            comes first).
+        num_draft_tokens: K >= 1 per iteration, or a schedule that adapts K
+            (`schedules`); a schedule's next_k() may return any integer >= 0
+            (0: one plain target step).
+        sampling: temperature / top-k / top-p for both models; temperature 0
+            is greedy.
         generator: the only source of randomness.
-        eos_token_id: stop right after any of these tokens (None: never stop early); an
-            integer-like id (int, numpy integer, 0-d tensor) or a list / set / 1-d tensor.
-        use_cache: keep a KV cache in both models (False: the teaching path that
-            recomputes every pass from scratch).
+        eos_token_id: stop right after any of these tokens (None: never stop
+            early); an integer-like id (int, numpy integer, 0-d tensor) or a
+            list / set / 1-d tensor.
+        use_cache: keep a KV cache in both models (False: the teaching path
+            that recomputes every pass from scratch).
 
     Returns:
-        A `GenerationOutput` with `.sequences` (1, n + new), `.stats` and `.trace`.
+        A `GenerationOutput` with `.sequences` (1, n + new), `.stats` and
+        `.trace`.
 
     Raises:
         ValueError / TypeError: for any malformed argument (see `validation`).
@@ -191,12 +207,18 @@ def speculative_generate(
     draft = make_logits_source(draft_model, use_cache)
     sequence, stats, trace = input_ids, GenerationStats(), []
     while stats.new_tokens < max_new_tokens:
-        # Never draft past the budget: K drafts can emit up to K + 1 tokens. The schedule
-        # sees the K actually drafted, smaller than it asked for when the budget cut in.
-        k = min(next_draft_length(schedule), max_new_tokens - stats.new_tokens - 1)
-        sequence, record, hit_eos = speculative_step(target, draft, sequence, k, sampling, generator, eos)
-        # Drafts after an accepted EOS never count: the schedule hears of a short block.
-        schedule.update(k if len(record.emitted) > record.num_accepted else record.num_accepted, record.num_accepted)
+        # Never draft past the budget: K drafts can emit up to K + 1 tokens.
+        # The schedule sees the K actually drafted, smaller than it asked for
+        # when the budget cut in.
+        budget = max_new_tokens - stats.new_tokens
+        k = min(next_draft_length(schedule), budget - 1)
+        sequence, record, hit_eos = speculative_step(
+            target, draft, sequence, k, sampling, generator, eos)
+        # Drafts after an accepted EOS never count: the schedule hears of a
+        # short block.
+        cut = len(record.emitted) == record.num_accepted
+        schedule.update(record.num_accepted if cut else k,
+                        record.num_accepted)
         stats.iterations += 1
         stats.drafted_tokens += k
         stats.accepted_tokens += record.num_accepted
@@ -205,7 +227,8 @@ def speculative_generate(
         trace.append(record)
         if hit_eos:
             break
-    stats.target_calls, stats.draft_calls = target.forward_calls, draft.forward_calls
+    stats.target_calls = target.forward_calls
+    stats.draft_calls = draft.forward_calls
     return GenerationOutput(sequence, stats, trace)
 
 

@@ -82,38 +82,46 @@ class FullForward:
 
 
 class CachedForward:
-    """A model with a `DynamicCache` that only ever reads tokens it has not seen."""
+    """A model with a `DynamicCache`: it only reads tokens it has not seen."""
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
         self.forward_calls = 0
         self.cache = rollback_cache(model)
-        # transformers >= 5.24 names the argument `cache`; older releases `past_key_values`.
-        self._cache_kwarg = "cache" if _accepts_keyword(model, "cache") else "past_key_values"
+        # transformers >= 5.24 names the argument `cache`; older releases
+        # `past_key_values`.
+        self._cache_kwarg = ("cache" if _accepts_keyword(model, "cache")
+                             else "past_key_values")
         self._logits_to_keep = _accepts_keyword(model, "logits_to_keep")
 
     @property
     def cached_length(self) -> int:
-        """How many tokens of the sequence the cache holds keys and values for."""
+        """How many tokens of the sequence have keys and values in the cache."""
         return self.cache.get_seq_length()
 
     @torch.no_grad()
-    def last_logits(self, sequence: torch.Tensor, num_positions: int) -> torch.Tensor:
-        """Logits at the last `num_positions` positions of `sequence` (1, n) -> (m, V).
+    def last_logits(self, sequence: torch.Tensor,
+                    num_positions: int) -> torch.Tensor:
+        """Logits at the last `num_positions` positions: (1, n) -> (m, V).
 
-        Feeds only sequence[:, cached_length:]; those unseen tokens must include the
-        last `num_positions` positions (roll back first if they do not).
+        Feeds only sequence[:, cached_length:]; those unseen tokens must
+        include the last `num_positions` positions (roll back first if they
+        do not).
         """
         seen = self.cached_length
         unseen = sequence[:, seen:]  # (1, n - seen)
         if unseen.size(1) < num_positions:
             raise ValueError(
-                f"num_positions={num_positions} but only {unseen.size(1)} tokens are unseen "
-                f"(cache holds {seen} of {sequence.size(1)}); call rollback() first"
+                f"num_positions={num_positions} but only {unseen.size(1)} "
+                f"tokens are unseen (cache holds {seen} of "
+                f"{sequence.size(1)}); call rollback() first"
             )
-        # Positions continue from the cache, so the new tokens attend to all that came before.
-        position_ids = torch.arange(seen, sequence.size(1), device=sequence.device)[None]
-        kwargs = {self._cache_kwarg: self.cache, "use_cache": True, "position_ids": position_ids}
+        # Positions continue from the cache, so the new tokens attend to all
+        # that came before.
+        position_ids = torch.arange(seen, sequence.size(1),
+                                    device=sequence.device)[None]
+        kwargs = {self._cache_kwarg: self.cache, "use_cache": True,
+                  "position_ids": position_ids}
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = num_positions
         self.forward_calls += 1
@@ -123,32 +131,41 @@ class CachedForward:
     def rollback(self, length: int) -> None:
         """Forget every cached token after the first `length` ones.
 
-        `crop(-k)` removes the last k tokens in every supported transformers release
-        (a positive argument raises in recent ones, and crop(0) empties the cache in
-        older ones, hence the guard).
+        `crop(-k)` removes the last k tokens in every supported transformers
+        release (a positive argument raises in recent ones, and crop(0)
+        empties the cache in older ones, hence the guard).
         """
         excess = self.cached_length - length
         if excess > 0:
             if not getattr(self.cache, "is_croppable", True):
-                # e.g. recurrent (linear-attention) layers, whose state cannot be cut back.
+                # e.g. recurrent (linear-attention) layers, whose state
+                # cannot be cut back.
+                layers = sorted({type(layer).__name__
+                                 for layer in self.cache.layers})
                 raise ValueError(
-                    f"{type(self.model).__name__}'s cache ({type(self.cache).__name__} with layers "
-                    f"{sorted({type(layer).__name__ for layer in self.cache.layers})}) cannot be rolled back; "
-                    "pass use_cache=False"
+                    f"{type(self.model).__name__}'s cache "
+                    f"({type(self.cache).__name__} with layers {layers}) "
+                    "cannot be rolled back; pass use_cache=False"
                 )
             for layer in _sliding_layers(self.cache):
-                # A sliding layer holds its last window plus the keys fed since the last
-                # rollback; keys older than that are gone and cannot be brought back.
-                if layer.is_initialized and layer.keys.shape[-2] - excess < min(layer.sliding_window - 1, length):
+                # A sliding layer holds its last window plus the keys fed
+                # since the last rollback; keys older than that are gone and
+                # cannot be brought back.
+                if layer.is_initialized and (
+                        layer.keys.shape[-2] - excess
+                        < min(layer.sliding_window - 1, length)):
                     raise ValueError(
-                        f"cannot roll {type(self.model).__name__}'s cache back from {self.cached_length} to "
-                        f"{length} tokens: its sliding-window layers (window {layer.sliding_window}) only "
-                        "keep the tokens fed since the previous rollback"
+                        f"cannot roll {type(self.model).__name__}'s cache "
+                        f"back from {self.cached_length} to {length} "
+                        "tokens: its sliding-window layers (window "
+                        f"{layer.sliding_window}) only keep the tokens fed "
+                        "since the previous rollback"
                     )
             self.cache.crop(-excess)
         else:
-            # Nothing to forget, but sliding layers still hold the keys of the last pass
-            # beyond their window: crop(0) trims them (a no-op on full-attention layers).
+            # Nothing to forget, but sliding layers still hold the keys of the
+            # last pass beyond their window: crop(0) trims them (a no-op on
+            # full-attention layers).
             for layer in _sliding_layers(self.cache):
                 layer.crop(0)
 

@@ -13,12 +13,15 @@ from specdec_ref.acceptance import acceptance_beta, alpha_from_trace, measure_al
 from specdec_ref.analysis import (
     accepted_count_distribution,
     alpha_from_block_efficiency,
+    expected_acceptance_rate,
     expected_speedup,
     expected_tokens,
     iteration_cost,
     optimal_draft_length,
     predicted_vs_measured,
     simulate_acceptance,
+    speedup_by_k,
+    verify_cost_from_latency,
 )
 from specdec_ref.decoder import IterationRecord
 from specdec_ref.rejection import accept_reject
@@ -228,3 +231,68 @@ def test_bad_arguments_raise_value_errors_naming_them():
         optimal_draft_length(0.5, 0.1, max_k=2, min_k=3)
     with pytest.raises(ValueError, match="prompts"):
         measure_alpha(make_model("gpt2"), make_model("gpt2"), [], max_new_tokens=2)
+
+
+def test_expected_acceptance_rate_is_below_alpha_and_matches_simulation():
+    """accepted / drafted = (E[tokens] - 1) / K: alpha at K = 1, lower beyond, as simulated."""
+    assert expected_acceptance_rate(0.6, 1) == pytest.approx(0.6)
+    assert expected_acceptance_rate(0.6, 4) == pytest.approx((2.3056 - 1) / 4)
+    assert expected_acceptance_rate(1.0, 5) == 1.0 and expected_acceptance_rate(0.0, 5) == 0.0
+    rates = [expected_acceptance_rate(0.7, k) for k in range(1, 9)]
+    assert all(a > b for a, b in zip(rates[:-1], rates[1:], strict=True))  # falls with K while alpha stays 0.7
+    k = 4
+    result = simulate_acceptance(0.7, k, num_iterations=100_000, generator=torch.Generator().manual_seed(1))
+    simulated = float(result.accepted.double().mean()) / k
+    assert simulated == pytest.approx(expected_acceptance_rate(0.7, k), abs=4 * result.standard_error / k)
+    with pytest.raises(ValueError, match="k must"):
+        expected_acceptance_rate(0.5, 0)
+
+
+def test_verify_cost_from_latency_divides_by_the_one_token_pass():
+    """{m - 1: t(m) / t(1)}: v(0) = 1, and the table feeds expected_speedup directly."""
+    table = verify_cost_from_latency((1, 2, 5), (0.010, 0.011, 0.015))
+    assert table == pytest.approx({0: 1.0, 1: 1.1, 4: 1.5})
+    assert expected_speedup(0.7, 4, 0.1, table) == pytest.approx(expected_tokens(0.7, 4) / 1.9)
+    with pytest.raises(ValueError, match="include 1"):
+        verify_cost_from_latency((2, 4), (0.1, 0.2))
+    with pytest.raises(ValueError, match="same length"):
+        verify_cost_from_latency((1, 2), (0.1,))
+    with pytest.raises(ValueError, match="> 0"):
+        verify_cost_from_latency((1, 2), (0.0, 0.1))
+
+
+def test_speedup_by_k_reads_one_implementation_and_mode():
+    """Fixed-K cached arms of the asked implementation and mode, sorted by K; others left out."""
+    report = {"arms": [
+        {"name": "hf generate", "impl": "transformers", "mode": "greedy", "k": None, "speedup": 1.0},
+        {"name": "hf assisted k=4", "impl": "transformers", "mode": "greedy", "k": 4, "schedule": "fixed",
+         "use_cache": True, "speedup": 1.03},
+        {"name": "hf assisted k=2", "impl": "transformers", "mode": "greedy", "k": 2, "schedule": "fixed",
+         "use_cache": True, "speedup": 0.97},
+        {"name": "specdec_ref k=4", "impl": "specdec_ref", "mode": "greedy", "k": 4, "schedule": "fixed",
+         "use_cache": True, "speedup": 1.18},
+        {"name": "specdec_ref k=4 nocache", "impl": "specdec_ref", "mode": "greedy", "k": 4, "schedule": "fixed",
+         "use_cache": False, "speedup": 0.34},
+        {"name": "specdec_ref k=4", "impl": "specdec_ref", "mode": "t1.0", "k": 4, "schedule": "fixed",
+         "use_cache": True, "speedup": 1.14},
+        {"name": "specdec_ref model", "impl": "specdec_ref", "mode": "greedy", "k": None, "schedule": "model",
+         "use_cache": True, "speedup": 1.22},
+    ]}
+    assert speedup_by_k(report, mode="greedy", impl="transformers") == {2: 0.97, 4: 1.03}
+    assert list(speedup_by_k(report, mode="greedy", impl="transformers")) == [2, 4]
+    assert speedup_by_k(report, mode="greedy", impl="specdec_ref") == {4: 1.18}
+    assert speedup_by_k(report, mode="t1.0", impl="specdec_ref") == {4: 1.14}
+    assert speedup_by_k(report, mode="t0.7", impl="specdec_ref") == {}
+
+
+def test_committed_benchmark_report_is_readable():
+    """book/data/bench-tiny-cpu.json gives a prediction and a measurement for every K the chapter draws."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "book" / "data" / "bench-tiny-cpu.json"
+    rows = predicted_vs_measured(path)
+    for mode in ("greedy", "t1.0"):
+        ks = [r.k for r in rows if r.mode == mode]
+        assert ks == list(range(1, 9))
+        assert list(speedup_by_k(path, mode=mode, impl="transformers")) == ks
+    assert all(0 < r.alpha < 1 and 0 < r.predicted_speedup < 10 and r.measured_speedup > 0 for r in rows)

@@ -107,3 +107,125 @@ def test_bench_assisted_counters_agree_with_ours_when_greedy(bench_run):
         ours, theirs = arms[f"specdec_ref k={k}"], arms[f"hf assisted k={k}"]
         for key in ("alpha", "block_efficiency", "mean_k", "draft_calls_per_token"):
             assert theirs[key] == pytest.approx(ours[key]), (k, key)
+
+
+def _recording(monkeypatch, target):
+    """Log every speculative call ("s") and every `generate` call ("b", with its kwargs) in order."""
+    from specdec_ref.bench import methods
+
+    calls, original_generate, original_speculative = [], target.generate, methods.speculative_generate
+
+    def speculative(*args, **kwargs):
+        calls.append(("s", kwargs))
+        return original_speculative(*args, **kwargs)
+
+    def generate(*args, **kwargs):
+        calls.append(("b", kwargs))
+        return original_generate(*args, **kwargs)
+
+    monkeypatch.setattr(methods, "speculative_generate", speculative)
+    monkeypatch.setattr(target, "generate", generate)
+    return calls
+
+
+def test_article_timing_runs_speculative_first_and_generate_at_its_defaults(monkeypatch):
+    """The article's protocol: one speculative call, then one generate(do_sample=True) with no top_k (so 50)."""
+    from conftest import make_model
+
+    from specdec_ref.bench.methods import article_timing
+
+    target, draft = make_model("gpt2", layers=2, seed=1), make_model("gpt2", layers=1, seed=2)
+    calls = _recording(monkeypatch, target)
+    result = article_timing(target, draft, torch.tensor([[2, 3, 4]]), max_new_tokens=10, num_draft_tokens=3)
+    assert [name for name, _ in calls] == ["s", "b"]
+    assert calls[0][1]["num_draft_tokens"] == 3 and calls[0][1]["sampling"].temperature == 1.0
+    baseline = calls[1][1]
+    assert baseline["do_sample"] is True and "top_k" not in baseline and "generation_config" not in baseline
+    assert result.speculative_tokens == 10 and 1 <= result.baseline_tokens <= 10
+    assert result.speculative_s > 0 and result.baseline_s > 0
+    assert result.speedup == pytest.approx(result.baseline_s / result.speculative_s)
+
+
+def test_fair_timing_warms_up_alternates_and_spells_out_the_sampling(monkeypatch):
+    """Warm-up of each, then alternating order; the baseline samples with no top-k and EOS off."""
+    from conftest import make_model
+
+    from specdec_ref.bench.methods import fair_timing
+
+    target, draft = make_model("llama", layers=2, seed=1), make_model("llama", layers=1, seed=2)
+    target.generation_config.eos_token_id = 1  # fair_timing must switch it off, without touching the model
+    calls = _recording(monkeypatch, target)
+    result = fair_timing(target, draft, torch.tensor([[2, 3, 4]]), max_new_tokens=8, repeats=3, warmup=1)
+    assert "".join(name for name, _ in calls) == "sb" + "sb" + "bs" + "sb"
+    config = calls[1][1]["generation_config"]
+    assert (config.do_sample, config.top_k, config.top_p, config.eos_token_id) == (True, 0, 1.0, None)
+    assert target.generation_config.eos_token_id == 1
+    assert len(result.speculative.samples) == len(result.baseline.samples) == 3
+    assert result.speedup == pytest.approx(result.baseline.median / result.speculative.median)
+    assert len(result.repeat_speedups) == 3 and all(s > 0 for s in result.repeat_speedups)
+    with pytest.raises(ValueError, match="repeats"):
+        fair_timing(target, draft, torch.tensor([[2, 3]]), repeats=0)
+
+
+def test_methods_command_prints_the_article_timing_as_json(capsys):
+    """`python -m specdec_ref.bench.methods` loads the pair, runs the protocol once and prints one JSON line."""
+    from specdec_ref.bench.methods import main
+
+    threads = torch.get_num_threads()
+    try:
+        returned = main(["--pair", "tiny", "--max-new-tokens", "6", "--threads", "1", "--device", "cpu"])
+    finally:
+        torch.set_num_threads(threads)
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed == json.loads(json.dumps(returned))
+    assert printed["speculative_tokens"] == 6 and printed["pair"] == "tiny" and printed["device"] == "cpu"
+    assert printed["speedup"] == pytest.approx(printed["baseline_s"] / printed["speculative_s"])
+
+
+def test_sized_target_has_the_asked_shape_and_vocabulary():
+    """layers x width with 64-dim heads and the draft's vocabulary; a width off the head grid is refused."""
+    from specdec_ref.bench.scale import sized_target
+
+    model = sized_target(2, 128, vocab=48)
+    assert (model.config.num_hidden_layers, model.config.hidden_size, model.config.num_attention_heads) == (2, 128, 2)
+    assert model.get_output_embeddings().weight.shape == (48, 128)
+    assert not model.training
+    with pytest.raises(ValueError, match="width"):
+        sized_target(2, 100, vocab=48)
+
+
+def test_size_sweep_measures_c_and_v_for_every_target(tmp_path):
+    """One point per given target and per shape, each with its own tau_q: v(0) = 1, c = tau_q / tau_p; JSON."""
+    from conftest import make_model
+
+    from specdec_ref.bench.scale import load_sweep, size_sweep, sweep_report
+
+    draft, target = make_model("llama", layers=1, seed=2), make_model("llama", layers=2, seed=1)
+    with torch.no_grad():
+        points = size_sweep(draft, [(2, 64), (3, 128)], targets={"own": target}, max_k=3, repeats=2)
+    assert [p.name for p in points] == ["own", "2 x 64", "3 x 128"]
+    assert all(p.draft_step_s > 0 and p.target_step_s > 0 for p in points)
+    for point in points:
+        assert sorted(point.verify_cost) == [0, 1, 2, 3] and point.verify_cost[0] == 1.0
+        assert point.cost_ratio == pytest.approx(point.draft_step_s / point.target_step_s)
+    assert points[2].parameters > points[1].parameters
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(sweep_report(points, device=torch.device("cpu"), dtype=torch.float32, context=64)))
+    meta, loaded = load_sweep(path)
+    assert meta["device"] == "cpu" and meta["dtype"] == "float32" and loaded == points
+
+
+def test_scale_command_writes_the_sweep(tmp_path, capsys):
+    """`python -m specdec_ref.bench.scale` times the pair's own target and the asked shapes."""
+    from specdec_ref.bench.scale import main
+
+    out = tmp_path / "sweep.json"
+    threads = torch.get_num_threads()
+    try:
+        report = main(["--pair", "tiny", "--device", "cpu", "--threads", "1", "--shapes", "1x64", "--repeats", "1",
+                       "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+    assert [p["name"] for p in report["points"]] == ["the tiny target", "1 x 64"]
+    assert "c " in capsys.readouterr().out

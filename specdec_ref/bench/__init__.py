@@ -2,10 +2,11 @@
 
 * `pair`: what is measured: a model pair, a prompt set, the pair's pass costs c and v(K);
 * `arms`: the ways of generating that are compared, and one instrumented run of each;
-* `run`: the round-robin schedule, the JSON report and its table.
+* `run`: the round-robin schedule, the JSON report and its table;
+* `methods`: the article's timing protocol next to a fair one, for one comparison.
 
-The chapters read the report (`analysis.predicted_vs_measured`); nothing outside this
-subpackage imports it but the demo (`python -m specdec_ref`).
+The chapters read the report (`analysis.predicted_vs_measured`); besides the demo
+(`python -m specdec_ref`), only the performance chapter imports this subpackage.
 """
 
 from .run import BenchConfig, format_table, main, run_benchmark

@@ -1,0 +1,357 @@
+"""Batched speculative decoding: many prompts, one draft pass and one target pass per step.
+
+`batched_speculative_generate` runs the loop of `decoder.speculative_generate` for a
+list of prompts at once. Each iteration drafts for every unfinished row with K batched
+passes of the draft model, scores all the drafts with one batched pass of the target,
+and applies the rule of `rejection.accept_reject` to every row at once
+(`accept_reject_rows`, built on `residual_distribution` and `sample`). Rows accept
+different numbers of drafts, so after the first iteration their lengths differ. Near
+its budget a row judges only K_b < K drafts; the batch still drafts the largest K_b,
+and a row's extra drafts are neither verified nor counted. The rule per row is that of
+Leviathan et al. (2023) and Chen et al. (2023); keeping a ragged batch in step is the
+problem BASS (Qian et al., 2024) solves with ragged attention kernels, solved here with
+left padding, attention masks, explicit positions and one gather.
+
+How the rows are kept in step (`BatchedForward`): the rows sit right-aligned in the
+KV cache, padded on the left. Row b's cached tokens occupy its last `seen[b]` columns;
+the columns to their left are padding that the attention mask hides. Every pass feeds
+the same number m of new tokens to every row, with explicit position ids
+(`len_b - m + j`), so padding never shifts a row's positions. A row with fewer than m
+unseen tokens gives back its last cached tokens and feeds them again. Rolling back
+after a rejection only lowers `seen[b]`. Before the next pass, one gather along the
+cache's sequence axis moves each row's kept keys and values so they end in the last
+column, and drops the columns that are padding in every row. A finished row (EOS or
+budget) leaves the batch and costs no more work.
+
+Invariant: each row's output is distributed exactly as `autoregressive_generate` with
+the target model and the same `SamplingConfig` would give it. With temperature 0 it is
+the target's greedy output token for token, whatever the other rows are.
+
+Randomness: everything comes from one `generator`, in a fixed order. Each draft pass
+calls `sample` once on the (B, V) draft distributions of the B unfinished rows: one
+uniform per row, in batch order. Then `accept_reject_rows` draws one (B, K) block of
+uniforms (row-major; slots past a row's K_b are drawn and unused) and one uniform per
+row for its correction or bonus token. The same prompts, seed and arguments give the
+same outputs. Which draws a row gets depends on the other rows in the batch; its law
+does not.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from .decoder import GenerationOutput, GenerationStats, IterationRecord, _cut_after_eos
+from .rejection import residual_distribution
+from .sampling import SamplingConfig, logits_to_probs, sample
+from .validation import as_integer, check_generation_args, eos_set, model_device, vocab_size
+
+PAD_TOKEN = 0  # the id under padding columns; the attention mask hides it, so any valid id works
+
+
+class BatchedForward:
+    """One model over a batch of rows of different lengths, with or without a KV cache.
+
+    Answers "the logits of the last m positions of every row" like
+    `kv_cache.CachedForward`, for a batch whose rows fall out of step.
+    """
+
+    def __init__(self, model: PreTrainedModel, batch_size: int, use_cache: bool = True) -> None:
+        self.model = model
+        self.use_cache = use_cache
+        self.forward_calls = 0
+        self.cache = DynamicCache(config=model.config) if use_cache else None
+        if use_cache and any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):
+            raise ValueError(
+                f"{type(model).__name__} uses sliding-window attention, which the batched cache "
+                "layout does not support; pass use_cache=False or use speculative_generate"
+            )
+        parameters = inspect.signature(model.forward).parameters
+        # transformers >= 5.24 names the argument `cache`; older releases `past_key_values`.
+        self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"
+        self._logits_to_keep = "logits_to_keep" in parameters
+        self.width = 0  # C: columns in the cache
+        self.start = [0] * batch_size  # column of each row's first cached token
+        self.seen = [0] * batch_size  # tokens of each row held in the cache
+
+    def _realign(self, keep: list[int]) -> None:
+        """Keep each row's first keep[b] cached tokens, moved to end in the last column."""
+        width = max(keep)
+        start = [width - k for k in keep]
+        if width == 0:
+            self.cache = DynamicCache(config=self.model.config)
+        elif width != self.width or start != self.start:
+            # New column c of row b reads old column c + shift[b];
+            # columns left of the row's tokens read anything and stay masked.
+            shifts = [old - new for old, new in zip(self.start, start, strict=True)]
+            if len(set(shifts)) == 1:
+                # Every row moves alike (a plain crop, as at batch size 1): a slice.
+                for layer in self.cache.layers:
+                    layer.keys = layer.keys[:, :, shifts[0]:shifts[0] + width]
+                    layer.values = layer.values[:, :, shifts[0]:shifts[0] + width]
+            else:
+                device = self.cache.layers[0].keys.device
+                shift = torch.tensor(shifts, device=device)  # (B,)
+                index = (torch.arange(width, device=device)[None] + shift[:, None]).clamp(0, self.width - 1)
+                for layer in self.cache.layers:
+                    for name in ("keys", "values"):
+                        states = getattr(layer, name)  # (B, H, C, D)
+                        rows = index[:, None, :, None].expand(-1, states.size(1), -1, states.size(3))
+                        setattr(layer, name, states.gather(2, rows))  # (B, H, C', D)
+        self.width, self.start, self.seen = width, start, list(keep)
+
+    @torch.no_grad()
+    def last_logits(self, rows: list[list[int]], num_positions: int) -> torch.Tensor:
+        """Logits at the last `num_positions` positions of every row: B rows -> (B, num_positions, V).
+
+        Every row is fed the same number m of tokens: at least `num_positions`, and at
+        least each row's unseen tokens (those after its cached ones).
+        """
+        lengths = [len(row) for row in rows]
+        seen = self.seen if self.use_cache else [0] * len(rows)
+        m = max(num_positions, max(n - s for n, s in zip(lengths, seen, strict=True)))
+        # Rows with fewer than m unseen tokens give back cached ones; rows shorter
+        # than m are left-padded inside the new chunk (their cache is then empty).
+        keep = [max(0, min(s, n - m)) for n, s in zip(lengths, seen, strict=True)]
+        fed = [min(n, m) for n in lengths]
+        if self.use_cache:
+            self._realign(keep)
+        device = model_device(self.model)
+        chunk = [[PAD_TOKEN] * (m - f) + row[n - f:] for row, n, f in zip(rows, lengths, fed, strict=True)]
+        chunk = torch.tensor(chunk, device=device)  # (B, m)
+        length = torch.tensor(lengths, device=device)  # (B,)
+        columns = torch.arange(m, device=device)  # (m,)
+        position_ids = (length[:, None] - m + columns[None]).clamp(min=0)  # (B, m)
+        mask = columns[None] >= m - torch.tensor(fed, device=device)[:, None]  # (B, m): padding is False
+        kwargs = {"position_ids": position_ids, "use_cache": self.use_cache}
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = num_positions
+        if self.use_cache:
+            cached_mask = torch.arange(self.width, device=device)[None] >= torch.tensor(
+                self.start, device=device)[:, None]  # (B, C)
+            mask = torch.cat([cached_mask, mask], dim=1)  # (B, C + m)
+            kwargs[self._cache_kwarg] = self.cache
+        self.forward_calls += 1
+        logits = self.model(chunk, attention_mask=mask.long(), **kwargs).logits  # (B, num_positions or m, V)
+        if self.use_cache:
+            # Everything fed is now cached, right-aligned in the new last columns.
+            self.width += m
+            self.start = [self.width - n for n in lengths]
+            self.seen = lengths
+        return logits[:, -num_positions:]
+
+    def rollback(self, keep: list[int]) -> None:
+        """Forget every cached token of row b after its first keep[b] (applied at the next pass)."""
+        self.seen = [min(s, k) for s, k in zip(self.seen, keep, strict=True)]
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only these rows of the batch (finished rows stop costing work)."""
+        if self.use_cache and self.width:
+            index = torch.tensor(rows, dtype=torch.long, device=self.cache.layers[0].keys.device)
+            self.cache.batch_select_indices(index)
+        self.start = [self.start[b] for b in rows]
+        self.seen = [self.seen[b] for b in rows]
+
+
+def check_prompts(prompts: object, model: PreTrainedModel | None = None) -> None:
+    """Raise a ValueError / TypeError naming `prompts[i]` for any malformed prompt.
+
+    Without `model`, only the structure is checked (a non-empty list of non-empty
+    1-D integer tensors); with it, also the device and the token ids' range.
+    """
+    if not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts must be a list of 1-D integer tensors, got {type(prompts).__name__}")
+    if not prompts:
+        raise ValueError("prompts is empty: pass at least one prompt")
+    for i, prompt in enumerate(prompts):
+        if not isinstance(prompt, torch.Tensor) or prompt.dtype not in (torch.long, torch.int):
+            kind = f"a tensor of dtype {prompt.dtype}" if isinstance(prompt, torch.Tensor) else type(prompt).__name__
+            raise TypeError(f"prompts[{i}] must be a 1-D integer torch.Tensor, got {kind}")
+        if prompt.dim() != 1:
+            raise ValueError(f"prompts[{i}] must have shape (n,), got shape {tuple(prompt.shape)}")
+        if prompt.numel() == 0:
+            raise ValueError(f"prompts[{i}] is empty: every prompt must have at least one token")
+    if model is None:
+        return
+    vocab, device = vocab_size(model), model_device(model)
+    for i, prompt in enumerate(prompts):
+        if prompt.device != device:
+            raise ValueError(f"prompts[{i}] is on {prompt.device} but the models are on {device}")
+    # One range check over all ids, then the first offending prompt and position.
+    ids = torch.cat(list(prompts))
+    bad = ((ids < 0) | (ids >= vocab)).nonzero()
+    if bad.numel():
+        index, ends = int(bad[0, 0]), torch.tensor([len(p) for p in prompts]).cumsum(0).tolist()
+        i = next(i for i, end in enumerate(ends) if index < end)
+        raise ValueError(f"prompts[{i}] must hold token ids in [0, {vocab}), got {int(ids[index])} at position "
+                         f"{index - (ends[i - 1] if i else 0)}")
+
+
+def accept_reject_rows(
+    drafted: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    num_drafts: list[int],
+    generator: torch.Generator | None = None,
+    *,
+    greedy: bool = False,
+) -> list[list[int]]:
+    """`rejection.accept_reject` for every row of a batch at once.
+
+    Row b judges only its first num_drafts[b] drafts (fewer than K near its
+    budget): accept x_i with probability min(1, p_i(x_i) / q_i(x_i)); at the first
+    rejection emit a token of `residual_distribution(p_i, q_i)`; after K_b
+    acceptances emit the bonus token from p_{K_b}. Greedy: keep drafts while they
+    are the argmax of p, then emit the argmax.
+
+    Args:
+        drafted: the drafted tokens, shape (B, K).
+        draft_probs: q, shape (B, K, V).
+        target_probs: p, shape (B, K + 1, V).
+        num_drafts: K_b <= K for each row.
+        generator: draws one (B, K) block of uniforms, then one token per row.
+        greedy: temperature 0.
+
+    Returns:
+        For each row, the accepted drafts followed by one correction or bonus token.
+    """
+    batch, k = drafted.shape
+    device = target_probs.device
+    rows = torch.arange(batch, device=device)  # (B,)
+    limit = torch.tensor(num_drafts, device=device)  # (B,)
+    if greedy:
+        choice = target_probs.argmax(-1)  # (B, K + 1)
+        accepted = drafted == choice[:, :k]  # (B, K)
+    else:
+        # Accept x_i iff u_i * q_i(x_i) < p_i(x_i), in float64 on the generator's
+        # device, with the strict "<" of accept_reject.
+        where = generator.device if generator is not None else torch.device("cpu")
+        px = target_probs[:, :k].gather(-1, drafted[..., None]).squeeze(-1)  # (B, K)
+        qx = draft_probs.gather(-1, drafted[..., None]).squeeze(-1)  # (B, K)
+        u = torch.rand(batch, k, dtype=torch.float64, device=where, generator=generator)  # (B, K)
+        accepted = (u * qx.to(where, torch.float64) < px.to(where, torch.float64)).to(device)  # (B, K)
+    # n_b: drafts accepted before the first rejection, slots past K_b never count.
+    accepted &= torch.arange(k, device=device)[None] < limit[:, None]  # (B, K)
+    n = accepted.long().cumprod(-1).sum(-1)  # (B,)
+    p_n = target_probs[rows, n]  # (B, V): p at the first rejected slot, or p_{K_b}
+    if greedy:
+        last = p_n.argmax(-1)  # (B,)
+    else:
+        after = p_n.double()  # (B, V) the bonus distribution after K_b acceptances
+        if k:
+            # Rejected at slot n_b < K_b: the correction comes from the residual.
+            q_n = draft_probs[rows, n.clamp(max=k - 1)].double()  # (B, V)
+            residual = residual_distribution(p_n.double(), q_n)  # (B, V)
+            after = torch.where((n < limit)[:, None], residual, after)
+        last = sample(after, generator)  # (B,)
+    counts, drafts, last = n.tolist(), drafted.tolist(), last.tolist()
+    return [row[:count] + [token] for row, count, token in zip(drafts, counts, last, strict=True)]
+
+
+@torch.no_grad()
+def batched_speculative_generate(
+    target_model: PreTrainedModel,
+    draft_model: PreTrainedModel,
+    prompts: list[torch.Tensor],
+    *,
+    max_new_tokens: int,
+    num_draft_tokens: int = 4,
+    sampling: SamplingConfig = SamplingConfig(),
+    generator: torch.Generator | None = None,
+    eos_token_id: int | list[int] | torch.Tensor | None = None,
+    use_cache: bool = True,
+) -> list[GenerationOutput]:
+    """`speculative_generate` for a batch of prompts of different lengths.
+
+    Args:
+        target_model, draft_model: as in `speculative_generate` (one vocabulary, one
+            device; no sliding-window attention with the cache).
+        prompts: 1-D integer tensors, one per row, of any lengths >= 1.
+        max_new_tokens: the most tokens to add to each row (exactly this many
+            unless that row emits an EOS first).
+        num_draft_tokens: K >= 1 drafts per row and iteration (fewer near a row's
+            budget, as in `speculative_generate`).
+        sampling: temperature / top-k / top-p for both models; 0 is greedy.
+        generator: the only source of randomness, consumed as the module docstring says.
+        eos_token_id: a row stops right after any of these ids (None: never early).
+        use_cache: keep both models' KV caches (False: re-read every row each pass).
+
+    Returns:
+        One `GenerationOutput` per prompt, in order: `.sequences` (1, n_i + new_i),
+        `.stats` (its `target_calls` / `draft_calls` count the batched passes the
+        row took part in) and `.trace`.
+
+    Raises:
+        ValueError / TypeError: for a malformed argument, named in the message.
+    """
+    k = as_integer(num_draft_tokens)
+    if k is None or k < 1:
+        raise (TypeError if k is None else ValueError)(
+            f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}")
+    check_prompts(prompts)
+    # The shared checks (models, budget, sampling, context length) on a stand-in
+    # for the longest prompt; then each prompt's device and ids, named prompts[i].
+    device = model_device(target_model) if isinstance(target_model, PreTrainedModel) else None
+    longest = torch.zeros(1, max(len(prompt) for prompt in prompts), dtype=torch.long, device=device)
+    check_generation_args({"target_model": target_model, "draft_model": draft_model}, longest,
+                          max_new_tokens, sampling, generator, k)
+    check_prompts(prompts, target_model)
+    eos = eos_set(eos_token_id)
+    sequences = [prompt.tolist() for prompt in prompts]
+    stats = [GenerationStats() for _ in prompts]
+    traces: list[list[IterationRecord]] = [[] for _ in prompts]
+    active = list(range(len(prompts))) if max_new_tokens > 0 else []
+    target = BatchedForward(target_model, len(active), use_cache)
+    draft = BatchedForward(draft_model, len(active), use_cache)
+    while active:
+        rows = [sequences[b] for b in active]
+        # Never draft past a row's budget; the batch drafts the most any row needs.
+        ks = [min(k, max_new_tokens - stats[b].new_tokens - 1) for b in active]
+        k_max = max(ks)
+        # 1. Draft: k_max batched passes of the small model, keeping q.
+        drafted = torch.empty(len(active), 0, dtype=torch.long, device=device)  # (B, 0)
+        q = []
+        for _ in range(k_max):
+            extended = [row + tokens for row, tokens in zip(rows, drafted.tolist(), strict=True)]
+            probs = logits_to_probs(draft.last_logits(extended, 1)[:, -1], sampling)  # (B, V)
+            token = probs.argmax(-1) if sampling.greedy else sample(probs, generator)  # (B,)
+            drafted = torch.cat([drafted, token.view(-1, 1).to(device)], dim=1)  # (B, i + 1)
+            q.append(probs)
+        # 2. Verify: one batched target pass over every row's drafts.
+        extended = [row + tokens for row, tokens in zip(rows, drafted.tolist(), strict=True)]
+        p = logits_to_probs(target.last_logits(extended, k_max + 1), sampling)  # (B, K_max + 1, V)
+        q = torch.stack(q, 1) if q else p[:, :0]  # (B, K_max, V)
+        # 3. Accept / reject: the rule of speculative_step, every row at once.
+        emissions = accept_reject_rows(drafted, q, p, ks, generator, greedy=sampling.greedy)
+        keep, still_active = [], []
+        for row, (b, emitted) in enumerate(zip(active, emissions, strict=True)):
+            n, kb = len(sequences[b]), ks[row]
+            num_accepted = len(emitted) - 1
+            emitted, hit_eos = _cut_after_eos(emitted, eos)
+            num_accepted = min(num_accepted, len(emitted))
+            sequences[b] = sequences[b] + emitted
+            record = IterationRecord(drafted[row, :kb].tolist(), emitted, num_accepted)
+            traces[b].append(record)
+            s = stats[b]
+            s.iterations += 1
+            s.drafted_tokens += kb
+            s.accepted_tokens += num_accepted
+            s.judged_tokens += record.num_judged
+            s.new_tokens += len(emitted)
+            s.target_calls += 1
+            s.draft_calls += k_max
+            # 4. Roll back to the prefix and the accepted drafts; the last token stays unseen.
+            keep.append(min(n + num_accepted, len(sequences[b]) - 1))
+            if not hit_eos and s.new_tokens < max_new_tokens:
+                still_active.append(row)
+        target.rollback(keep)
+        draft.rollback(keep)
+        if len(still_active) < len(active):
+            # Finished rows leave the batch: no more passes are spent on them.
+            target.select(still_active)
+            draft.select(still_active)
+            active = [active[row] for row in still_active]
+    return [GenerationOutput(torch.tensor([seq], dtype=prompt.dtype, device=prompt.device), s, trace)
+            for seq, prompt, s, trace in zip(sequences, prompts, stats, traces, strict=True)]
