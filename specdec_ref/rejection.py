@@ -30,11 +30,13 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
     Where p <= q everywhere (p == q for two distributions) the residual has no
     mass; a rejection then has probability 0, and p itself is returned so the
-    result is always a distribution even when float rounding causes a rejection.
+    result is always a distribution even when float rounding causes a
+    rejection.
     """
     residual = (p - q).clamp(min=0)  # (..., V)
     mass = residual.sum(-1, keepdim=True)  # (..., 1)
-    return torch.where(mass > 0, residual / mass.clamp(min=torch.finfo(residual.dtype).tiny), p)
+    tiny = torch.finfo(residual.dtype).tiny
+    return torch.where(mass > 0, residual / mass.clamp(min=tiny), p)
 
 
 def _check_inputs(tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> None:
@@ -78,42 +80,51 @@ def accept_reject(
 
     Args:
         draft_tokens: the drafted tokens x_0 .. x_{K-1}, shape (K,).
-        draft_probs: q, the draft distributions they were sampled from, shape (K, V).
-        target_probs: p, the target distributions for the K slots and the bonus, (K + 1, V).
+        draft_probs: q, the draft distributions they were sampled from,
+            shape (K, V).
+        target_probs: p, the target distributions for the K slots and the
+            bonus, shape (K + 1, V).
         generator: the only source of randomness (uniforms and samples).
-        greedy: temperature 0: accept while x_i == argmax p_i, then emit argmax p_j.
+        greedy: temperature 0: accept while x_i == argmax p_i, then emit
+            argmax p_j.
 
     Returns:
-        The emitted tokens: the accepted drafts followed by exactly one correction
-        (after a rejection) or bonus token (after K acceptances); 1 to K + 1 tokens.
+        The emitted tokens: the accepted drafts followed by exactly one
+        correction (after a rejection) or bonus token (after K acceptances);
+        1 to K + 1 tokens.
 
     Raises:
-        ValueError: on wrong shapes, NaN / negative / unnormalized rows, or a drafted
-            token that has zero mass under q.
+        ValueError: on wrong shapes, NaN / negative / unnormalized rows, or a
+            drafted token that has zero mass under q.
     """
     _check_inputs(draft_tokens, draft_probs, target_probs)
     k = draft_tokens.numel()
     if greedy:
-        # Greedy: the target would have emitted argmax p_i; keep drafts while they agree.
+        # Greedy: the target would have emitted argmax p_i; keep drafts
+        # while they agree.
         target_choice = target_probs.argmax(-1).tolist()  # K + 1 ints
         drafts = draft_tokens.tolist()
         n = next((i for i in range(k) if drafts[i] != target_choice[i]), k)
         return drafts[:n] + [target_choice[n]]
-    # Work in float64 on the generator's device: the comparisons below are tiny.
+    # Work in float64 on the generator's device: the comparisons are tiny.
     device = generator.device if generator is not None else torch.device("cpu")
     rows = torch.arange(k, device=draft_probs.device)
     tokens = draft_tokens.to(draft_probs.device)
-    px = target_probs[:k][rows, tokens].to(device, torch.float64)  # (K,) p_i(x_i)
-    qx = draft_probs[rows, tokens].to(device, torch.float64)  # (K,) q_i(x_i)
-    # Accept x_i iff u_i * q_i(x_i) < p_i(x_i), i.e. u_i < p/q: probability min(1, p/q).
-    # The strict "<" matters: a uniform can be exactly 0, and 0 < 0 rejects a token
-    # the target gives no mass at all.
-    u = torch.rand(k, dtype=torch.float64, device=device, generator=generator)  # (K,)
+    px = target_probs[:k][rows, tokens]  # (K,) p_i(x_i)
+    qx = draft_probs[rows, tokens]  # (K,) q_i(x_i)
+    px, qx = px.to(device, torch.float64), qx.to(device, torch.float64)
+    # Accept x_i iff u_i * q_i(x_i) < p_i(x_i), i.e. u_i < p/q: probability
+    # min(1, p/q). The strict "<" matters: a uniform can be exactly 0, and
+    # 0 < 0 rejects a token the target gives no mass at all.
+    u = torch.rand(k, dtype=torch.float64, device=device,
+                   generator=generator)  # (K,)
     accepted = (u * qx < px).tolist()
     n = next((i for i in range(k) if not accepted[i]), k)
     if n < k:
         # First rejection at slot n: the correction comes from the residual.
-        last = sample(residual_distribution(target_probs[n].double(), draft_probs[n].double()), generator)
+        residual = residual_distribution(target_probs[n].double(),
+                                         draft_probs[n].double())  # (V,)
+        last = sample(residual, generator)
     else:
         # All K accepted: the bonus token comes from p_K, already computed.
         last = sample(target_probs[k], generator)
@@ -126,31 +137,40 @@ def accept_reject_article(
     target_probs: torch.Tensor,
     generator: torch.Generator | None = None,
 ) -> list[int]:
-    """The source article's rule: like `accept_reject`, but resample from p after a
-    rejection. Biased; kept only so the book and the tests can show that it is."""
+    """The source article's rule: like `accept_reject`, but resample from p
+    after a rejection. Biased; kept only so the book and the tests can show
+    that it is."""
     _check_inputs(draft_tokens, draft_probs, target_probs)
     k = draft_tokens.numel()
     for i in range(k):
         x = int(draft_tokens[i])
         u = torch.rand((), dtype=torch.float64, generator=generator)
         if not u * float(draft_probs[i, x]) < float(target_probs[i, x]):
-            return draft_tokens[:i].tolist() + [int(sample(target_probs[i], generator))]
-    return draft_tokens.tolist() + [int(sample(target_probs[k], generator))]
+            # Rejected: the article draws from p itself, not the residual.
+            correction = int(sample(target_probs[i], generator))
+            return draft_tokens[:i].tolist() + [correction]
+    bonus = int(sample(target_probs[k], generator))
+    return draft_tokens.tolist() + [bonus]
 
 
 def emission_distribution(
-    draft_probs: torch.Tensor, target_probs: torch.Tensor, *, rule: str = "exact"
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    *,
+    rule: str = "exact",
 ) -> dict[tuple[int, ...], float]:
     """The exact law of what one `accept_reject` call emits, by enumeration.
 
-    The drafts x_0 .. x_{K-1} are drawn from the fixed rows q_0 .. q_{K-1}. Every
-    emitted sequence is a run of accepted drafts plus one correction or bonus token;
-    its probability is summed over all ways to produce it, in float64.
+    The drafts x_0 .. x_{K-1} are drawn from the fixed rows q_0 .. q_{K-1}.
+    Every emitted sequence is a run of accepted drafts plus one correction or
+    bonus token; its probability is summed over all ways to produce it, in
+    float64.
 
     Args:
         draft_probs: q, shape (K, V). Keep V ** K small (it is enumerated).
         target_probs: p, shape (K + 1, V).
-        rule: "exact" (residual after a rejection) or "article" (p after a rejection).
+        rule: "exact" (residual after a rejection) or "article" (p after a
+            rejection).
 
     Returns:
         {emitted tokens: probability}; the probabilities sum to 1.
@@ -161,25 +181,31 @@ def emission_distribution(
     k, v = q.shape
     law: dict[tuple[int, ...], float] = {}
 
+    def add(tokens: tuple[int, ...], mass: float) -> None:
+        if mass > 0:
+            law[tokens] = law.get(tokens, 0.0) + mass
+
     def walk(i: int, accepted: tuple[int, ...], reach: float) -> None:
-        # `reach`: probability that drafts x_0 .. x_{i-1} == accepted were drawn and accepted.
+        # `reach`: probability that drafts x_0 .. x_{i-1} == accepted were
+        # drawn and accepted.
         if i == k:
             # Every draft accepted: the bonus token from p_K.
             for y in range(v):
-                if reach * float(p[k, y]) > 0:
-                    law[accepted + (y,)] = law.get(accepted + (y,), 0.0) + reach * float(p[k, y])
+                add(accepted + (y,), reach * float(p[k, y]))
             return
-        after_reject = residual_distribution(p[i], q[i]) if rule == "exact" else p[i]
+        if rule == "exact":
+            after_reject = residual_distribution(p[i], q[i])  # (V,)
+        else:
+            after_reject = p[i]  # the article's: p itself
         for x in range(v):
             drawn = reach * float(q[i, x])
             if drawn == 0:
                 continue
             accept = min(1.0, float(p[i, x]) / float(q[i, x]))
-            # Rejected at slot i: one token from the residual (or p), then stop.
+            # Rejected at slot i: one token from the residual (or p), stop.
+            rejected = drawn * (1 - accept)
             for y in range(v):
-                mass = drawn * (1 - accept) * float(after_reject[y])
-                if mass > 0:
-                    law[accepted + (y,)] = law.get(accepted + (y,), 0.0) + mass
+                add(accepted + (y,), rejected * float(after_reject[y]))
             walk(i + 1, accepted + (x,), drawn * accept)
 
     walk(0, (), 1.0)
@@ -189,8 +215,9 @@ def emission_distribution(
 def next_token_law(
     law: dict[tuple[int, ...], float], prefix: tuple[int, ...], vocab_size: int
 ) -> torch.Tensor:
-    """Distribution of the emitted token after `prefix`, given the emission starts with
-    `prefix` as accepted drafts (so it is longer than the prefix). Shape (V,), float64."""
+    """Distribution of the emitted token after `prefix`, given the emission
+    starts with `prefix` as accepted drafts (so it is longer than the prefix).
+    Shape (V,), float64."""
     out = torch.zeros(vocab_size, dtype=torch.float64)
     for seq, mass in law.items():
         if len(seq) > len(prefix) and seq[: len(prefix)] == prefix:

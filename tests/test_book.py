@@ -22,6 +22,9 @@ CHAPTER_MODULES = {
     "01-memory-bound-decoding": "specdec_ref.memory",
     "02-drafting": "specdec_ref.drafting",
     "03-one-pass-verification": "specdec_ref.verification",
+    "04-rejection-sampling-proof": "specdec_ref.rejection",
+    "05-bonus-token-and-kv-cache": "specdec_ref.kv_cache",
+    "06-performance": "specdec_ref.analysis",
 }
 
 

@@ -1,0 +1,232 @@
+"""The appendix's claims table: enough claims, one verdict each, evidence that exists.
+
+`book/claims.md` checks the source article's claims one by one. Each row links to the
+section of the book that measures or proves its verdict, with `{ref}` and a MyST target
+`(label)=` above that section's heading. Renaming or deleting such a section would
+leave the appendix pointing nowhere; these tests fail first. The checkers are run on a
+small broken book as well, to show that they can fail.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CLAIMS = "book/claims"
+VERDICTS = ("holds", "corrected", "depends")
+MIN_CLAIMS = 15
+COLUMNS = ("#", "claim", "verdict", "evidence", "measured")
+
+# `(label)=` on a line of its own: a MyST target.
+TARGET = re.compile(r"^\(([^()\s]+)\)=[ \t]*$", re.MULTILINE)
+# {ref}`label` or {ref}`text <label>`.
+REF = re.compile(r"\{ref\}`(?:[^`<]*<)?([^`<>]+)>?`")
+CITE = re.compile(r"\{cite(?::\w+)?\}`([^`]+)`")
+BIB_KEY = re.compile(r"^@\w+\{([^,\s]+),", re.MULTILINE)
+
+# What the issue asks the table to cover, each found by a word of its claim cell.
+REQUIRED = {
+    "the 70 ms floor": r"70 ms",
+    "verifying K costs about one token": r"verifying \$?K\$? .*one token",
+    "the 400 ms vs 100-105 ms example": r"400 ms",
+    "2-3x speedups": r"2-3x",
+    '"12x faster" draft': r"12x faster",
+    "the acceptance formula": r"min\\?\(1",
+    "1.67x at alpha 0.6, K 4": r"1\.67x",
+    "the residual": r"residual",
+    "the bonus token": r"bonus",
+    '"with KV cache"': r"with (a )?KV cache",
+    '"bit-identical"': r"bit-identical",
+    "acceptance rate > 100%": r"100 ?%",
+    "the timing comparison": r"timing comparison",
+    "max_new_tokens": r"max_new_tokens",
+    "EOS": r"EOS",
+}
+
+
+# --- the checkers ---------------------------------------------------------------------
+
+
+def _cells(line: str) -> list[str]:
+    """The cells of one Markdown table row (no `|` may appear inside a cell)."""
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def claim_rows(text: str) -> list[dict[str, str]]:
+    """The rows of the page's claims table: the table whose header starts with COLUMNS.
+
+    Raises:
+        ValueError: if there is no such table, or a row has the wrong number of cells.
+    """
+    lines = text.splitlines()
+    headers = [i for i, line in enumerate(lines)
+               if line.lstrip().startswith("|") and [c.lower() for c in _cells(line)][: len(COLUMNS)] == list(COLUMNS)]
+    if not headers:
+        raise ValueError(f"no table whose header starts with {' | '.join(COLUMNS)}")
+    start = headers[0]
+    header = [c.lower() for c in _cells(lines[start])]
+    rows = []
+    for number, line in enumerate(lines[start + 2 :], start=start + 3):
+        if not line.lstrip().startswith("|"):
+            break
+        cells = _cells(line)
+        if len(cells) != len(header):
+            raise ValueError(f"line {number}: {len(cells)} cells, the header has {len(header)}")
+        rows.append(dict(zip(header, cells, strict=True)))
+    return rows
+
+
+def _verdict(cell: str) -> str:
+    return cell.strip("*_ ").lower()
+
+
+def bad_verdicts(rows: list[dict[str, str]]) -> list[str]:
+    """Rows whose verdict is not one of VERDICTS."""
+    return [f"claim {row['#']}: verdict {row['verdict']!r}" for row in rows if _verdict(row["verdict"]) not in VERDICTS]
+
+
+def toc_pages(root: Path) -> list[Path]:
+    """The source file of every page in the book's _toc.yml."""
+    toc = yaml.safe_load((root / "_toc.yml").read_text())
+    names = [toc["root"]] + [chapter["file"] for part in toc.get("parts", []) for chapter in part["chapters"]]
+    pages = []
+    for name in names:
+        pages += [root / f"{name}{suffix}" for suffix in (".md", ".ipynb") if (root / f"{name}{suffix}").is_file()]
+    return pages
+
+
+def defined_targets(pages: list[Path]) -> dict[str, str]:
+    """label -> page, for every `(label)=` in a Markdown page or a notebook's markdown cells."""
+    targets = {}
+    for page in pages:
+        if page.suffix == ".ipynb":
+            cells = json.loads(page.read_text(encoding="utf-8"))["cells"]
+            texts = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
+        else:
+            texts = [page.read_text(encoding="utf-8")]
+        for text in texts:
+            for label in TARGET.findall(text):
+                targets.setdefault(label, page.name)
+    return targets
+
+
+def missing_targets(text: str, targets: dict[str, str]) -> list[str]:
+    """The {ref} labels of `text` that no page defines, in order of first use."""
+    return list(dict.fromkeys(label for label in REF.findall(text) if label not in targets))
+
+
+# --- the book's appendix ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def page() -> str:
+    return (ROOT / f"{CLAIMS}.md").read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def rows(page: str) -> list[dict[str, str]]:
+    return claim_rows(page)
+
+
+def test_claims_page_is_the_appendix_in_the_toc():
+    """book/claims is a page of the book, in a part captioned "Appendix"."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    parts = {part.get("caption"): [c["file"] for c in part["chapters"]] for part in toc["parts"]}
+    assert CLAIMS in parts.get("Appendix", []), parts
+
+
+def test_claims_table_has_at_least_15_claims(rows):
+    """The table checks at least 15 of the article's claims, numbered 1, 2, ... in order."""
+    assert len(rows) >= MIN_CLAIMS, f"{len(rows)} claims"
+    assert [row["#"] for row in rows] == [str(i) for i in range(1, len(rows) + 1)]
+
+
+def test_every_claim_has_an_allowed_verdict(rows):
+    """Each verdict is holds, corrected or depends."""
+    assert bad_verdicts(rows) == []
+
+
+def test_every_claim_has_evidence_and_a_figure(rows):
+    """Each row links to the book ({ref}) or cites a source ({cite}), and gives a figure."""
+    for row in rows:
+        assert row["claim"], f"claim {row['#']} is empty"
+        assert REF.search(row["evidence"]) or CITE.search(row["evidence"]), f"claim {row['#']} has no evidence"
+        assert re.search(r"\d", row["measured"]), f"claim {row['#']} gives no figure"
+
+
+def test_every_linked_target_exists(page):
+    """Every {ref} label of the appendix is a `(label)=` target on a page of the book."""
+    missing = missing_targets(page, defined_targets(toc_pages(ROOT)))
+    assert missing == [], f"targets no page defines: {missing}"
+
+
+def test_every_cited_key_is_in_the_bibliography(page):
+    """Every {cite} key of the appendix is an entry of book/references.bib."""
+    keys = set(BIB_KEY.findall((ROOT / "book" / "references.bib").read_text(encoding="utf-8")))
+    cited = {key.strip() for group in CITE.findall(page) for key in group.split(",")}
+    assert cited <= keys, sorted(cited - keys)
+
+
+@pytest.mark.parametrize("topic", sorted(REQUIRED))
+def test_the_claims_the_issue_names_are_checked(rows, topic):
+    """The table covers every claim the issue lists (found by a phrase of the claim)."""
+    pattern = re.compile(REQUIRED[topic], re.IGNORECASE)
+    assert any(pattern.search(row["claim"]) for row in rows), f"no claim about {topic}"
+
+
+# --- the checkers can fail ----------------------------------------------------------------
+
+BROKEN_PAGE = """\
+# Claims
+
+| # | Claim | Verdict | Evidence | Measured |
+|---|---|---|---|---|
+| 1 | one | holds | {ref}`ch9-present` | 1 ms |
+| 2 | two | maybe | {ref}`the proof <ch9-gone>` | 2 ms |
+| 3 | three | **corrected** | {cite}`leviathan2023` | 3 ms |
+"""
+
+
+def _small_book(tmp_path: Path, label: str) -> Path:
+    """A book of one notebook whose only markdown target is `label`, and the claims page."""
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "book").mkdir()
+    toc = {"format": "jb-book", "root": "book/claims", "parts": [
+        {"caption": "Chapters", "chapters": [{"file": "notebooks/09-chapter"}]}]}
+    (tmp_path / "_toc.yml").write_text(yaml.safe_dump(toc))
+    cells = [{"cell_type": "markdown", "metadata": {}, "source": [f"({label})=\n", "## A section\n"]},
+             {"cell_type": "code", "metadata": {}, "source": ["(ch9-gone)=\n"], "outputs": [],
+              "execution_count": None}]
+    (tmp_path / "notebooks" / "09-chapter.ipynb").write_text(json.dumps({"cells": cells}))
+    (tmp_path / "book" / "claims.md").write_text(BROKEN_PAGE)
+    return tmp_path
+
+
+def test_checkers_fail_on_a_broken_claims_page(tmp_path):
+    """A label no markdown cell defines (a code cell does not count) and a bad verdict are found."""
+    root = _small_book(tmp_path, "ch9-present")
+    text = (root / "book" / "claims.md").read_text()
+    targets = defined_targets(toc_pages(root))
+    assert set(targets) == {"ch9-present"}
+    assert missing_targets(text, targets) == ["ch9-gone"]
+    assert bad_verdicts(claim_rows(text)) == ["claim 2: verdict 'maybe'"]
+
+
+def test_checker_fails_when_a_target_is_renamed(tmp_path):
+    """Renaming the section's target makes its claim's link missing."""
+    root = _small_book(tmp_path, "ch9-renamed")
+    text = (root / "book" / "claims.md").read_text()
+    assert missing_targets(text, defined_targets(toc_pages(root))) == ["ch9-present", "ch9-gone"]
+
+
+def test_table_parser_rejects_a_malformed_row():
+    """A row with a cell too many (a stray `|`) is an error, not a silently shifted verdict."""
+    with pytest.raises(ValueError, match="5 cells|6 cells"):
+        claim_rows(BROKEN_PAGE.replace("| 1 | one |", "| 1 | one | extra |"))
+    with pytest.raises(ValueError, match="no table"):
+        claim_rows("# Claims\n\nNo table here.\n")
