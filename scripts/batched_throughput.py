@@ -33,6 +33,7 @@ import transformers
 
 from specdec_ref import SamplingConfig, load_pair, speculative_generate
 from specdec_ref.batched import BatchedForward, batched_speculative_generate
+from specdec_ref.timing import cpu_name
 from specdec_ref.training.corpus import held_out_prompts
 
 GREEDY = SamplingConfig(temperature=0.0)
@@ -163,7 +164,7 @@ def main() -> dict:
             "what": "tokens/s against batch size; greedy; batched speculative vs batched target-only generate "
                     "vs sequential speculative_generate",
             "pair": "tiny", "dtype": "float32", "device": "cpu", "machine": platform.machine(),
-            "processor": _cpu_name(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
+            "processor": cpu_name(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "max_new_tokens": n, "num_draft_tokens": k, "repeats": args.repeats, "statistic": "median",
@@ -195,17 +196,6 @@ def main() -> dict:
               f"{r['speculative_over_generate_cpu']:>8.2f} {r['predicted_speedup']:>6.2f} {r['c']:>6.3f} "
               f"{r['v']:>5.2f}")
     return report
-
-
-def _cpu_name() -> str:
-    """The CPU's model name where /proc/cpuinfo tells it, else platform.processor()."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":

@@ -7,10 +7,12 @@ repetitions after a warm-up and report the median and the spread.
 
 from __future__ import annotations
 
+import platform
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -88,3 +90,14 @@ def time_call(
         synchronize(device)
         samples.append(time.perf_counter() - start)
     return Timing(tuple(samples))
+
+
+def cpu_name() -> str:
+    """The processor's model name (Linux /proc/cpuinfo), else what `platform` knows: for reports."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

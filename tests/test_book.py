@@ -170,7 +170,9 @@ def test_colab_setup_cell_does_nothing_outside_colab(monkeypatch):
     import specdec_ref.notebook
 
     monkeypatch.setattr(specdec_ref.notebook, "open_pair", lambda name: types.SimpleNamespace(describe=lambda: "ok"))
-    exec(compile(colab_cells.setup_source(*colab_cells.repository()), "setup-cell", "exec"), {})
+    namespace: dict = {}
+    exec(compile(colab_cells.setup_source(*colab_cells.repository()), "setup-cell", "exec"), namespace)
+    assert namespace["pair"].describe() == "ok"  # it went on to open the pair, without pip
 
 
 def test_offline_assets_are_used_only_when_complete(tmp_path):

@@ -29,22 +29,14 @@ from specdec_ref import SamplingConfig, autoregressive_generate, load_pair
 from specdec_ref.lookup import PromptLookupDrafter, lookup_generate
 from specdec_ref.training.corpus import CorpusConfig, held_out_prompts, iter_documents
 
+from ..timing import cpu_name
+
 GREEDY = SamplingConfig(temperature=0.0)
 SAMPLED = SamplingConfig(temperature=1.0)
 MAX_NEW_TOKENS = 96
 NUM_DRAFT_TOKENS = 10
 MAX_NGRAM_SIZE = 3
 PROMPTS_PER_SET = 4
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def copy_prompts(tokenizer, count: int) -> list[dict]:

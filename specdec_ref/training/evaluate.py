@@ -16,7 +16,6 @@ Invariant: the card quotes `metrics.json` and nothing else; no figure is typed b
 from __future__ import annotations
 
 import math
-import platform
 from pathlib import Path
 
 import torch
@@ -28,6 +27,7 @@ from ..decoder import GenerationStats, autoregressive_generate, speculative_gene
 from ..measure import measure_pass_latency
 from ..models import load_pair_from_folder
 from ..sampling import SamplingConfig
+from ..timing import cpu_name
 from .config import TrainConfig
 from .corpus import held_out_prompts
 
@@ -60,17 +60,6 @@ def latencies_ms(passes: dict[str, tuple[PreTrainedModel, int]], *, length: int,
             curve = measure_pass_latency(model, context=length - new, num_tokens=(new,), repeats=repeats, warmup=3)
             medians[name].append(curve.median_s[0] * 1e3)
     return {name: sorted(values)[len(values) // 2] for name, values in medians.items()}
-
-
-def _cpu_name() -> str:
-    """The processor's model name (Linux), else what `platform` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def evaluate_tiny(out: Path, held_out_ids: torch.Tensor, config: TrainConfig) -> dict:
@@ -111,7 +100,7 @@ def evaluate_tiny(out: Path, held_out_ids: torch.Tensor, config: TrainConfig) ->
                             "target_5_tokens": (target, 5)}, length=prefix.size(1))
     torch.set_num_threads(threads)
     latency["cost_ratio_c"] = latency["draft_1_token"] / latency["target_1_token"]
-    metrics["latency_ms"] = {"cpu": _cpu_name(), "threads": 1, "prefix_tokens": prefix.size(1), **latency}
+    metrics["latency_ms"] = {"cpu": cpu_name(), "threads": 1, "prefix_tokens": prefix.size(1), **latency}
     # A sample from each model on a hand-written prompt (not corpus text), greedy.
     prompt = 'import os\n\n\ndef read_config(path):\n    """'
     ids = tokenizer(prompt, return_tensors="pt").input_ids  # (1, n)
