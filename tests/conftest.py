@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
+from scipy.stats import chisquare
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from specdec_ref.sampling import logits_to_probs
 
 VOCAB = 48
 
@@ -62,3 +67,34 @@ def close_pair(request):
     """(target, draft) where the draft is a noisy copy: acceptance is neither 0 nor 1."""
     target = make_model(request.param, layers=2, seed=1)
     return target, noisy_copy(target, noise=0.3, seed=3)
+
+
+def exact_joint_law(model, prompt, sampling, length, vocab):
+    """P(x_1 .. x_length | prompt) for every continuation, by enumeration, in one batch.
+
+    `prompt` holds token ids, shape (n,) or (1, n)."""
+    prompt = prompt.reshape(1, -1)  # (1, n)
+    continuations = torch.tensor(list(itertools.product(range(vocab), repeat=length)))  # (V^L, L)
+    sequences = torch.cat([prompt.expand(len(continuations), -1), continuations], dim=1)
+    with torch.no_grad():
+        logits = model(sequences).logits[:, prompt.size(1) - 1:-1]  # (V^L, L, V)
+    probs = logits_to_probs(logits, sampling).double()  # (V^L, L, V)
+    mass = probs.gather(-1, continuations[..., None]).squeeze(-1).prod(-1)  # (V^L,)
+    return dict(zip(map(tuple, continuations.tolist()), mass.tolist(), strict=True))
+
+
+def chi_square_pvalue(law, samples):
+    """p-value of sampled continuations against an exact law (cells expected < 5 pooled);
+    0 if any sample has zero probability under the law."""
+    n = len(samples)
+    if any(law.get(s, 0) == 0 for s in samples):
+        return 0.0  # a continuation the target gives no mass at all
+    counts = {t: 0 for t in law}
+    for s in samples:
+        counts[s] += 1
+    common = [t for t in law if law[t] * n >= 5]
+    observed = [counts[t] for t in common] + [n - sum(counts[t] for t in common)]
+    expected = [law[t] * n for t in common] + [n * (1 - sum(law[t] for t in common))]
+    if expected[-1] < 1e-9:
+        observed, expected = observed[:-1], expected[:-1]
+    return chisquare(observed, expected, sum_check=False).pvalue

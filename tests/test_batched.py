@@ -1,18 +1,15 @@
 """batched_speculative_generate is exact per row: greedy token for token, sampling in law."""
 
-import itertools
 import random
 
 import pytest
 import torch
-from conftest import make_model, noisy_copy
-from scipy.stats import chisquare
+from conftest import chi_square_pvalue, exact_joint_law, make_model, noisy_copy
 
 from specdec_ref import SamplingConfig, batched, speculative_generate
 from specdec_ref.batched import BatchedForward, accept_reject_rows, batched_speculative_generate
 from specdec_ref.kv_cache import FullForward
 from specdec_ref.rejection import accept_reject, emission_distribution
-from specdec_ref.sampling import logits_to_probs
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -73,33 +70,6 @@ def test_batched_forward_matches_full_forward_after_rollbacks(pair):
     assert source.width <= max(len(row) for row in rows) + 3  # padding columns do not pile up
 
 
-def joint_law(model, prompt, sampling, length, vocab):
-    """P(x_1 .. x_length | prompt) for every continuation, by enumeration, in one batch."""
-    continuations = torch.tensor(list(itertools.product(range(vocab), repeat=length)))  # (V^L, L)
-    sequences = torch.cat([prompt.expand(len(continuations), -1), continuations], dim=1)
-    with torch.no_grad():
-        logits = model(sequences).logits[:, prompt.numel() - 1:-1]  # (V^L, L, V)
-    probs = logits_to_probs(logits, sampling).double()  # (V^L, L, V)
-    mass = probs.gather(-1, continuations[..., None]).squeeze(-1).prod(-1)  # (V^L,)
-    return dict(zip(map(tuple, continuations.tolist()), mass.tolist(), strict=True))
-
-
-def chi_square_pvalue(law, samples):
-    """p-value of sampled continuations against an exact law (cells expected < 5 pooled)."""
-    n = len(samples)
-    counts = {t: 0 for t in law}
-    for s in samples:
-        if law.get(s, 0) == 0:
-            return 0.0  # a continuation the target gives no mass at all
-        counts[s] += 1
-    common = [t for t in law if law[t] * n >= 5]
-    observed = [counts[t] for t in common] + [n - sum(counts[t] for t in common)]
-    expected = [law[t] * n for t in common] + [n * (1 - sum(law[t] for t in common))]
-    if expected[-1] < 1e-9:
-        observed, expected = observed[:-1], expected[:-1]
-    return chisquare(observed, expected, sum_check=False).pvalue
-
-
 def law_pvalues(sampling, family="gpt2", copies=1500):
     """One batch holding `copies` rows of each of three prompts of different lengths
     (interleaved); the chi-square p-value of each prompt's first 3 tokens."""
@@ -114,7 +84,7 @@ def law_pvalues(sampling, family="gpt2", copies=1500):
     pvalues = []
     for i, prompt in enumerate(prompts):
         samples = [tuple(out.sequences[0, prompt.numel():].tolist()) for out in outs[i::len(prompts)]]
-        pvalues.append(chi_square_pvalue(joint_law(target, prompt, sampling, 3, vocab), samples))
+        pvalues.append(chi_square_pvalue(exact_joint_law(target, prompt, sampling, 3, vocab), samples))
     return pvalues
 
 

@@ -1,15 +1,12 @@
 """speculative_generate reproduces the target: greedy token for token, sampling in law."""
 
-import itertools
 
 import pytest
 import torch
-from conftest import make_model, noisy_copy
-from scipy.stats import chisquare
+from conftest import chi_square_pvalue, exact_joint_law, make_model, noisy_copy
 
 from specdec_ref import SamplingConfig, autoregressive_generate, speculative_generate
 from specdec_ref.decoder import GenerationStats
-from specdec_ref.kv_cache import FullForward
 from specdec_ref.sampling import logits_to_probs
 from specdec_ref.verification import target_distributions
 
@@ -36,34 +33,6 @@ def test_autoregressive_baseline_matches_generate(close_pair):
     assert torch.equal(autoregressive_generate(target, prompt, max_new_tokens=40, sampling=GREEDY).sequences, expected)
 
 
-def exact_joint_law(model, prompt, sampling, length, vocab):
-    """P(x_1 .. x_length | prompt) for every continuation, by enumeration."""
-    law = {}
-    source = FullForward(model)
-    for tokens in itertools.product(range(vocab), repeat=length):
-        sequence = torch.cat([prompt, torch.tensor([tokens])], dim=1)
-        probs = logits_to_probs(source.last_logits(sequence, length + 1)[:-1], sampling)  # (length, V)
-        law[tokens] = float(probs[torch.arange(length), torch.tensor(tokens)].prod())
-    return law
-
-
-def chi_square_against(law, samples):
-    """p-value of sampled continuations against an exact law (rare cells pooled);
-    0 if any sample has zero probability under the law."""
-    n = len(samples)
-    counts = {t: 0 for t in law}
-    for s in samples:
-        if law.get(s, 0) == 0:
-            return 0.0  # a continuation the target gives no mass at all
-        counts[s] += 1
-    common = [t for t in law if law[t] * n >= 5]
-    observed = [counts[t] for t in common] + [n - sum(counts[t] for t in common)]
-    expected = [law[t] * n for t in common] + [n * (1 - sum(law[t] for t in common))]
-    if expected[-1] < 1e-9:
-        observed, expected = observed[:-1], expected[:-1]
-    return chisquare(observed, expected, sum_check=False).pvalue
-
-
 @pytest.mark.parametrize(
     "sampling, use_cache",
     [
@@ -88,7 +57,7 @@ def test_sampling_end_to_end_matches_target_law(sampling, use_cache):
         samples.append(tuple(out.sequences[0, 2:].tolist()))
         accepted += out.stats.accepted_tokens
     assert 0 < accepted < 3000 * 2  # acceptances and rejections both happened
-    assert chi_square_against(law, samples) > 1e-3
+    assert chi_square_pvalue(law, samples) > 1e-3
 
 
 def test_chi_square_rejects_the_draft_law():
@@ -101,7 +70,7 @@ def test_chi_square_rejects_the_draft_law():
     generator = torch.Generator().manual_seed(123)
     samples = [tuple(autoregressive_generate(draft, prompt, max_new_tokens=3, generator=generator)
                      .sequences[0, 2:].tolist()) for _ in range(3000)]
-    assert chi_square_against(law, samples) < 1e-6
+    assert chi_square_pvalue(law, samples) < 1e-6
 
 
 def test_one_pass_verification_matches_incremental_passes(pair):

@@ -1,16 +1,13 @@
 """Prompt lookup drafts by n-gram matching, and its one-hot q keeps the output exactly the target's."""
 
-import itertools
 
 import pytest
 import torch
-from conftest import make_model
-from scipy.stats import chisquare
+from conftest import chi_square_pvalue, exact_joint_law, make_model
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
 from specdec_ref import SamplingConfig, autoregressive_generate
 from specdec_ref import lookup as lookup_module
-from specdec_ref.kv_cache import FullForward
 from specdec_ref.lookup import PromptLookupDrafter, lookup_generate, one_hot_draft
 from specdec_ref.rejection import (
     accept_reject_article,
@@ -18,7 +15,6 @@ from specdec_ref.rejection import (
     next_token_law,
     residual_distribution,
 )
-from specdec_ref.sampling import logits_to_probs
 from specdec_ref.verification import target_distributions
 
 GREEDY = SamplingConfig(temperature=0.0)
@@ -132,32 +128,6 @@ def test_enumeration_shows_the_article_rule_is_biased_for_one_hot_q():
     x, px = int(proposal.tokens[0]), p[0, int(proposal.tokens[0])].item()
     assert abs(first[x].item() - (px + (1 - px) * px)) < 1e-12
     assert 0.5 * (first - p[0]).abs().sum().item() > 0.05
-
-
-def exact_joint_law(model, prompt, sampling, length, vocab):
-    """P(x_1 .. x_length | prompt) for every continuation, by enumeration."""
-    law, source = {}, FullForward(model)
-    for tokens in itertools.product(range(vocab), repeat=length):
-        sequence = torch.cat([prompt, torch.tensor([tokens])], dim=1)
-        probs = logits_to_probs(source.last_logits(sequence, length + 1)[:-1], sampling)  # (length, V)
-        law[tokens] = float(probs[torch.arange(length), torch.tensor(tokens)].prod())
-    return law
-
-
-def chi_square_pvalue(law, samples):
-    """p-value of sampled continuations against an exact law (rare cells pooled); 0 for an impossible one."""
-    n = len(samples)
-    if any(law.get(s, 0) == 0 for s in samples):
-        return 0.0
-    counts = {t: 0 for t in law}
-    for s in samples:
-        counts[s] += 1
-    common = [t for t in law if law[t] * n >= 5]
-    observed = [counts[t] for t in common] + [n - sum(counts[t] for t in common)]
-    expected = [law[t] * n for t in common] + [n * (1 - sum(law[t] for t in common))]
-    if expected[-1] < 1e-9:
-        observed, expected = observed[:-1], expected[:-1]
-    return chisquare(observed, expected, sum_check=False).pvalue
 
 
 def sample_continuations(model, prompt, sampling, runs, use_cache=True):
