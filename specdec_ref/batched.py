@@ -43,7 +43,7 @@ import inspect
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .decoder import GenerationOutput, GenerationStats, IterationRecord, _cut_after_eos
+from .decoder import GenerationOutput, GenerationStats, IterationRecord, cut_after_eos
 from .rejection import residual_distribution
 from .sampling import SamplingConfig, logits_to_probs, sample
 from .validation import as_integer, check_generation_args, eos_set, model_device, vocab_size
@@ -329,7 +329,7 @@ def batched_speculative_generate(
         for row, (b, emitted) in enumerate(zip(active, emissions, strict=True)):
             n, kb = len(sequences[b]), ks[row]
             num_accepted = len(emitted) - 1
-            emitted, hit_eos = _cut_after_eos(emitted, eos)
+            emitted, hit_eos = cut_after_eos(emitted, eos)
             num_accepted = min(num_accepted, len(emitted))
             sequences[b] = sequences[b] + emitted
             record = IterationRecord(drafted[row, :kb].tolist(), emitted, num_accepted)

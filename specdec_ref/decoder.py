@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from .drafting import draft_tokens
+from .drafting import Drafter, ModelDrafter, is_drafter
 from .kv_cache import LogitsSource, make_logits_source
 from .rejection import accept_reject
 from .sampling import SamplingConfig, logits_to_probs, sample
 from .schedules import DraftLengthSchedule, as_schedule, next_draft_length
-from .validation import check_generation_args, eos_set
+from .validation import check_generation_args, eos_set, vocab_size
 from .verification import target_distributions
 
 
@@ -97,7 +97,7 @@ class GenerationOutput:
     trace: list[IterationRecord] = field(default_factory=list)
 
 
-def _cut_after_eos(tokens: list[int],
+def cut_after_eos(tokens: list[int],
                    eos: set[int]) -> tuple[list[int], bool]:
     """Keep tokens up to and including the first EOS; say if one was found."""
     for i, token in enumerate(tokens):
@@ -109,7 +109,7 @@ def _cut_after_eos(tokens: list[int],
 @torch.no_grad()
 def speculative_step(
     target: LogitsSource,
-    draft: LogitsSource,
+    draft: LogitsSource | Drafter,
     sequence: torch.Tensor,
     num_draft_tokens: int,
     sampling: SamplingConfig,
@@ -119,7 +119,9 @@ def speculative_step(
     """One draft-verify-accept iteration; both caches left ready for the next.
 
     Args:
-        target, draft: the two models wrapped as logits sources (`kv_cache`).
+        target: the target model wrapped as a logits source (`kv_cache`).
+        draft: the draft model wrapped as a logits source, or any `Drafter`
+            (e.g. chapter 7's prompt lookup), which may propose fewer tokens.
         sequence: the tokens so far, shape (1, n).
         num_draft_tokens: K >= 0 for this iteration (0 makes it one plain
             target step).
@@ -131,14 +133,16 @@ def speculative_step(
         EOS was emitted).
     """
     n = sequence.size(1)
-    proposal = draft_tokens(draft, sequence, num_draft_tokens, sampling,
-                            generator)
+    drafter = draft if is_drafter(draft) else ModelDrafter(draft, sampling,
+                                                           generator)
+    proposal = drafter.draft(sequence, num_draft_tokens,
+                             vocab_size(target.model))  # (K, V)
     p = target_distributions(target, sequence, proposal.tokens,
                              sampling)  # (K + 1, V)
     emitted = accept_reject(proposal.tokens, proposal.probs, p, generator,
                             greedy=sampling.greedy)
     num_accepted = len(emitted) - 1
-    emitted, hit_eos = _cut_after_eos(emitted, eos)
+    emitted, hit_eos = cut_after_eos(emitted, eos)
     # An EOS among the accepted drafts ends the block: the drafts after it
     # are dropped.
     num_accepted = min(num_accepted, len(emitted))
@@ -151,7 +155,7 @@ def speculative_step(
     # logits are always computed fresh.
     keep = min(n + num_accepted, sequence.size(1) - 1)
     target.rollback(keep)
-    draft.rollback(keep)
+    drafter.rollback(keep)
     record = IterationRecord(proposal.tokens.tolist(), emitted, num_accepted)
     return sequence, record, hit_eos
 
@@ -159,11 +163,11 @@ def speculative_step(
 @torch.no_grad()
 def speculative_generate(
     target_model: PreTrainedModel,
-    draft_model: PreTrainedModel,
+    draft_model: PreTrainedModel | Drafter,
     input_ids: torch.Tensor,
     *,
     max_new_tokens: int,
-    num_draft_tokens: int | DraftLengthSchedule = 4,
+    num_draft_tokens: int | DraftLengthSchedule | None = None,
     sampling: SamplingConfig = SamplingConfig(),
     generator: torch.Generator | None = None,
     eos_token_id: int | list[int] | torch.Tensor | None = None,
@@ -173,14 +177,16 @@ def speculative_generate(
 
     Args:
         target_model: the large model whose distribution the output follows.
-        draft_model: the small model; must share the target's vocabulary and
-            device.
+        draft_model: the small model (sharing the target's vocabulary and
+            device), or a `drafting.Drafter` such as chapter 7's
+            `lookup.PromptLookupDrafter`.
         input_ids: the prompt, shape (1, n) with n >= 1.
         max_new_tokens: the most tokens to add (exactly this many unless EOS
             comes first).
         num_draft_tokens: K >= 1 per iteration, or a schedule that adapts K
             (`schedules`); a schedule's next_k() may return any integer >= 0
-            (0: one plain target step).
+            (0: one plain target step). None: 4 for a draft model, the
+            drafter's own `num_draft_tokens` for a drafter.
         sampling: temperature / top-k / top-p for both models; temperature 0
             is greedy.
         generator: the only source of randomness.
@@ -192,35 +198,47 @@ def speculative_generate(
 
     Returns:
         A `GenerationOutput` with `.sequences` (1, n + new), `.stats` and
-        `.trace`.
+        `.trace`; `stats.drafted_tokens` counts the drafts actually proposed.
 
     Raises:
         ValueError / TypeError: for any malformed argument (see `validation`).
     """
-    check_generation_args(
-        {"target_model": target_model, "draft_model": draft_model},
-        input_ids, max_new_tokens, sampling, generator, num_draft_tokens,
-    )
+    given_drafter = is_drafter(draft_model)
+    if not given_drafter and not isinstance(draft_model, PreTrainedModel):
+        raise TypeError(
+            "draft_model must be a transformers PreTrainedModel or a Drafter "
+            "(with draft(input_ids, num_draft_tokens, vocab_size) and "
+            f"rollback(length)), got {type(draft_model).__name__}")
+    if num_draft_tokens is None:
+        num_draft_tokens = (getattr(draft_model, "num_draft_tokens", 4)
+                            if given_drafter else 4)
+    models = {"target_model": target_model}
+    if not given_drafter:
+        models["draft_model"] = draft_model
+    check_generation_args(models, input_ids, max_new_tokens, sampling,
+                          generator, num_draft_tokens)
     schedule = as_schedule(num_draft_tokens)
     eos = eos_set(eos_token_id)
     target = make_logits_source(target_model, use_cache)
-    draft = make_logits_source(draft_model, use_cache)
+    draft = draft_model if given_drafter else ModelDrafter(
+        make_logits_source(draft_model, use_cache), sampling, generator)
+    draft_calls_before = draft.forward_calls
     sequence, stats, trace = input_ids, GenerationStats(), []
     while stats.new_tokens < max_new_tokens:
         # Never draft past the budget: K drafts can emit up to K + 1 tokens.
-        # The schedule sees the K actually drafted, smaller than it asked for
-        # when the budget cut in.
         budget = max_new_tokens - stats.new_tokens
         k = min(next_draft_length(schedule), budget - 1)
         sequence, record, hit_eos = speculative_step(
             target, draft, sequence, k, sampling, generator, eos)
-        # Drafts after an accepted EOS never count: the schedule hears of a
-        # short block.
+        # The schedule hears of the drafts actually proposed: fewer than K
+        # when the budget or a drafter cut in, or an accepted EOS ended
+        # the block.
+        drafted = len(record.drafted)
         cut = len(record.emitted) == record.num_accepted
-        schedule.update(record.num_accepted if cut else k,
+        schedule.update(record.num_accepted if cut else drafted,
                         record.num_accepted)
         stats.iterations += 1
-        stats.drafted_tokens += k
+        stats.drafted_tokens += drafted
         stats.accepted_tokens += record.num_accepted
         stats.judged_tokens += record.num_judged
         stats.new_tokens += len(record.emitted)
@@ -228,7 +246,7 @@ def speculative_generate(
         if hit_eos:
             break
     stats.target_calls = target.forward_calls
-    stats.draft_calls = draft.forward_calls
+    stats.draft_calls = draft.forward_calls - draft_calls_before
     return GenerationOutput(sequence, stats, trace)
 
 

@@ -9,11 +9,17 @@ q_i(.) at every step, shape (K, V). The rejection step needs q_i(x) for the draf
 token x (to accept with probability min(1, p_i(x) / q_i(x))) *and* q_i(.) over the
 whole vocabulary (to form the residual max(0, p_i - q_i) after a rejection). Keeping
 only the scalar q_i(x), as the source article does, makes the residual impossible.
+
+The decoder asks for drafts through one small protocol, `Drafter`: "given the
+sequence so far, propose up to K tokens with their q rows", plus a `rollback` after
+each iteration. `ModelDrafter` is a draft model behind it; chapter 7's
+`lookup.PromptLookupDrafter` drafts by string matching, with one-hot q rows.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from transformers import PreTrainedModel
@@ -79,3 +85,51 @@ def draft_tokens(
                      torch.empty(0, vocab, device=input_ids.device))
     tokens = torch.cat(tokens).to(input_ids.device)  # (K,)
     return Draft(tokens, torch.cat(probs))  # (K,), (K, V)
+
+
+class Drafter(Protocol):
+    """Anything that proposes drafts from the sequence alone: the decoder's view.
+
+    `draft` may return fewer tokens than asked (none: that iteration is one plain
+    target step). After each iteration the decoder calls `rollback(length)` with the
+    number of tokens of the sequence that are final; `forward_calls` counts the
+    drafter's model passes.
+    """
+
+    forward_calls: int
+
+    def draft(self, input_ids: torch.Tensor, num_draft_tokens: int, vocab_size: int) -> Draft:
+        """Up to `num_draft_tokens` tokens after `input_ids` (1, n), with q rows (K', V)."""
+        ...
+
+    def rollback(self, length: int) -> None:
+        """Forget everything past the first `length` tokens of the sequence."""
+        ...
+
+
+def is_drafter(obj: object) -> bool:
+    """Whether `obj` drafts by itself (has a `draft` method), rather than being a model."""
+    return callable(getattr(obj, "draft", None))
+
+
+class ModelDrafter:
+    """A draft model as a `Drafter`: `draft_tokens` over a logits source."""
+
+    def __init__(self, source: PreTrainedModel | LogitsSource, sampling: SamplingConfig,
+                 generator: torch.Generator | None = None) -> None:
+        self.source = as_logits_source(source)
+        self.sampling = sampling
+        self.generator = generator
+
+    @property
+    def forward_calls(self) -> int:
+        """The draft model's forward passes so far."""
+        return self.source.forward_calls
+
+    def draft(self, input_ids: torch.Tensor, num_draft_tokens: int, vocab_size: int) -> Draft:
+        """Exactly `num_draft_tokens` tokens from the draft model (`vocab_size` is its own)."""
+        return draft_tokens(self.source, input_ids, num_draft_tokens, self.sampling, self.generator)
+
+    def rollback(self, length: int) -> None:
+        """Crop the draft model's cache to the first `length` tokens."""
+        self.source.rollback(length)

@@ -30,7 +30,9 @@ lookup is. (`transformers` samples y ~ p_i and keeps the draft while y == x_i: t
 same law, drawn with different random numbers.) With temperature 0 the rule keeps
 drafts while they equal the target's argmax: the target's greedy output, exactly.
 
-Invariant: `lookup_generate` emits a sequence distributed exactly as
+`PromptLookupDrafter` is a `drafting.Drafter`, so the decoder of chapter 5 runs it
+unchanged: `speculative_generate(target_model, PromptLookupDrafter(), input_ids, ...)`.
+Invariant: that call emits a sequence distributed exactly as
 `decoder.autoregressive_generate` with the target model and the same
 `SamplingConfig`, token for token under greedy decoding.
 
@@ -45,35 +47,11 @@ never the output.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
-from transformers import PreTrainedModel
 
-from .decoder import GenerationOutput, GenerationStats, IterationRecord, _cut_after_eos
 from .drafting import Draft
-from .kv_cache import LogitsSource, make_logits_source
-from .rejection import accept_reject
-from .sampling import SamplingConfig
-from .schedules import DraftLengthSchedule, as_schedule, next_draft_length
-from .validation import as_integer, check_generation_args, eos_set
-from .validation import vocab_size as model_vocab_size
-from .verification import target_distributions
-
-
-class Drafter(Protocol):
-    """Proposes drafts from the sequence alone; the decoder's view of a draft source.
-
-    `draft` may return fewer tokens than asked (0: a plain target step). After each
-    iteration the decoder calls `rollback(length)` with the number of tokens of the
-    sequence that are final; `forward_calls` counts the drafter's model passes.
-    """
-
-    forward_calls: int
-
-    def draft(self, input_ids: torch.Tensor, num_draft_tokens: int, vocab_size: int) -> Draft: ...
-
-    def rollback(self, length: int) -> None: ...
+from .validation import as_integer
 
 
 def one_hot_draft(tokens: torch.Tensor, vocab_size: int) -> Draft:
@@ -164,106 +142,3 @@ class PromptLookupDrafter:
 
     def rollback(self, length: int) -> None:
         """Nothing to undo: every lookup reads the whole sequence it is given."""
-
-
-@torch.no_grad()
-def drafter_step(
-    target: LogitsSource,
-    drafter: Drafter,
-    sequence: torch.Tensor,
-    num_draft_tokens: int,
-    vocab: int,
-    sampling: SamplingConfig,
-    generator: torch.Generator | None = None,
-    eos: set[int] = frozenset(),
-) -> tuple[torch.Tensor, IterationRecord, bool]:
-    """One draft-verify-accept iteration with a `Drafter`; the target's cache left ready.
-
-    `decoder.speculative_step` with `drafter.draft` in place of the draft model's
-    passes. Arguments and result as there; `vocab` is the target's V.
-    """
-    n = sequence.size(1)
-    # 1. Draft: up to K tokens and their q (one-hot rows for a lookup).
-    proposal = drafter.draft(sequence, num_draft_tokens, vocab)  # (K',), (K', V)
-    # 2. Verify: one target pass over the K' drafts gives K' + 1 distributions.
-    p = target_distributions(target, sequence, proposal.tokens, sampling)  # (K' + 1, V)
-    # 3. Accept a prefix of the drafts, then one correction or bonus token.
-    emitted = accept_reject(proposal.tokens, proposal.probs, p, generator, greedy=sampling.greedy)
-    num_accepted = len(emitted) - 1
-    emitted, hit_eos = _cut_after_eos(emitted, eos)
-    num_accepted = min(num_accepted, len(emitted))  # no accepted draft after an EOS counts
-    new = torch.tensor([emitted], dtype=sequence.dtype, device=sequence.device)  # (1, emitted)
-    sequence = torch.cat([sequence, new], dim=1)  # (1, n + emitted)
-    # 4. Roll back to the prefix and the accepted drafts; the last token stays unseen.
-    keep = min(n + num_accepted, sequence.size(1) - 1)
-    target.rollback(keep)
-    drafter.rollback(keep)
-    return sequence, IterationRecord(proposal.tokens.tolist(), emitted, num_accepted), hit_eos
-
-
-@torch.no_grad()
-def lookup_generate(
-    target_model: PreTrainedModel,
-    drafter: Drafter,
-    input_ids: torch.Tensor,
-    *,
-    max_new_tokens: int,
-    num_draft_tokens: int | DraftLengthSchedule | None = None,
-    sampling: SamplingConfig = SamplingConfig(),
-    generator: torch.Generator | None = None,
-    eos_token_id: int | list[int] | torch.Tensor | None = None,
-    use_cache: bool = True,
-) -> GenerationOutput:
-    """Generate with a `Drafter` (e.g. `PromptLookupDrafter`) proposing and the target verifying.
-
-    Args:
-        target_model: the model whose distribution the output follows.
-        drafter: proposes drafts from the sequence (`Drafter`).
-        input_ids: the prompt, shape (1, n) with n >= 1.
-        max_new_tokens: the most tokens to add (exactly this many unless EOS comes first).
-        num_draft_tokens: K asked per iteration, an integer >= 1 or a schedule
-            (`schedules`); None: the drafter's own `num_draft_tokens`.
-        sampling: temperature / top-k / top-p of the target; temperature 0 is greedy.
-        generator: the only source of randomness.
-        eos_token_id: stop right after any of these tokens (None: never stop early).
-        use_cache: keep a KV cache in the target (False: recompute every pass).
-
-    Returns:
-        A `GenerationOutput`; `stats.drafted_tokens` counts the drafts actually
-        proposed (fewer than K when a lookup finds no or a short match).
-
-    Raises:
-        ValueError / TypeError: for any malformed argument (see `validation`).
-    """
-    if not callable(getattr(drafter, "draft", None)):
-        raise TypeError(f"drafter must have a draft(input_ids, num_draft_tokens, vocab_size) method, "
-                        f"got {type(drafter).__name__}")
-    if num_draft_tokens is None:
-        num_draft_tokens = drafter.num_draft_tokens
-    check_generation_args({"target_model": target_model}, input_ids, max_new_tokens, sampling, generator,
-                          num_draft_tokens)
-    schedule = as_schedule(num_draft_tokens)
-    eos, vocab = eos_set(eos_token_id), model_vocab_size(target_model)
-    target = make_logits_source(target_model, use_cache)
-    sequence, stats, trace = input_ids, GenerationStats(), []
-    calls_before = getattr(drafter, "forward_calls", 0)
-    while stats.new_tokens < max_new_tokens:
-        # K drafts can emit K + 1 tokens: never ask for more than the budget allows.
-        k = min(next_draft_length(schedule), max_new_tokens - stats.new_tokens - 1)
-        sequence, record, hit_eos = drafter_step(target, drafter, sequence, k, vocab, sampling, generator, eos)
-        # The schedule and the counters see the drafts actually proposed (K' <= K),
-        # cut at an accepted EOS.
-        drafted = len(record.drafted)
-        cut = len(record.emitted) == record.num_accepted
-        schedule.update(record.num_accepted if cut else drafted, record.num_accepted)
-        stats.iterations += 1
-        stats.drafted_tokens += drafted
-        stats.accepted_tokens += record.num_accepted
-        stats.judged_tokens += record.num_judged
-        stats.new_tokens += len(record.emitted)
-        trace.append(record)
-        if hit_eos:
-            break
-    stats.target_calls = target.forward_calls
-    stats.draft_calls = getattr(drafter, "forward_calls", 0) - calls_before
-    return GenerationOutput(sequence, stats, trace)

@@ -3,6 +3,8 @@ schedules, and an EOS accepted in the middle of a block."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -241,7 +243,9 @@ class ScriptedSource:
     """A stand-in model: after a sequence of length L its logits pick script[L]."""
 
     def __init__(self, script, vocab=16):
-        self.script, self.vocab, self.forward_calls, self.model = script, vocab, 0, None
+        self.script, self.vocab, self.forward_calls = script, vocab, 0
+        # What the decoder reads of a model: its vocabulary size.
+        self.model = SimpleNamespace(get_output_embeddings=lambda: None, config=SimpleNamespace(vocab_size=vocab))
 
     def last_logits(self, sequence, num_positions):
         self.forward_calls += 1

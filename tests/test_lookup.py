@@ -7,8 +7,11 @@ from conftest import chi_square_pvalue, exact_joint_law, make_model
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
 from specdec_ref import SamplingConfig, autoregressive_generate
-from specdec_ref import lookup as lookup_module
-from specdec_ref.lookup import PromptLookupDrafter, lookup_generate, one_hot_draft
+from specdec_ref import decoder as decoder_module
+from specdec_ref.decoder import speculative_generate
+from specdec_ref.drafting import ModelDrafter, is_drafter
+from specdec_ref.kv_cache import make_logits_source
+from specdec_ref.lookup import PromptLookupDrafter, one_hot_draft
 from specdec_ref.rejection import (
     accept_reject_article,
     emission_distribution,
@@ -135,7 +138,7 @@ def sample_continuations(model, prompt, sampling, runs, use_cache=True):
     generator = torch.Generator().manual_seed(123)
     samples, accepted, drafted = [], 0, 0
     for _ in range(runs):
-        out = lookup_generate(model, PromptLookupDrafter(), prompt, max_new_tokens=3, sampling=sampling,
+        out = speculative_generate(model, PromptLookupDrafter(), prompt, max_new_tokens=3, sampling=sampling,
                               generator=generator, use_cache=use_cache)
         samples.append(tuple(out.sequences[0, prompt.size(1):].tolist()))
         accepted, drafted = accepted + out.stats.accepted_tokens, drafted + out.stats.drafted_tokens
@@ -156,7 +159,7 @@ def test_chi_square_rejects_the_article_rule(monkeypatch):
     """Power check: the same test fails when a rejection resamples from p instead of the residual."""
     model, prompt = small_model(), ids(1, 2, 3, 1, 2)
     law = exact_joint_law(model, prompt, SamplingConfig(1.0), 3, 5)
-    monkeypatch.setattr(lookup_module, "accept_reject",
+    monkeypatch.setattr(decoder_module, "accept_reject",
                         lambda tokens, q, p, generator, greedy=False: accept_reject_article(tokens, q, p, generator))
     samples, _, _ = sample_continuations(model, prompt, SamplingConfig(1.0), 2000)
     assert chi_square_pvalue(law, samples) < 1e-6
@@ -179,7 +182,7 @@ def test_greedy_matches_target_generate(family, seed):
                                 prompt_lookup_num_tokens=10, max_matching_ngram_size=3)
     assert torch.equal(hf_lookup, expected)
     for use_cache in (True, False):
-        out = lookup_generate(target, PromptLookupDrafter(), prompt, max_new_tokens=60, sampling=GREEDY,
+        out = speculative_generate(target, PromptLookupDrafter(), prompt, max_new_tokens=60, sampling=GREEDY,
                               use_cache=use_cache)
         assert torch.equal(out.sequences, expected)
         assert 0 < out.stats.accepted_tokens < out.stats.drafted_tokens  # both branches exercised
@@ -188,7 +191,7 @@ def test_greedy_matches_target_generate(family, seed):
 def test_stats_count_passes_and_actual_drafts():
     """One target pass per iteration, no draft pass; drafted counts the proposals, not K."""
     target = make_model("llama", layers=2, seed=1)
-    out = lookup_generate(target, PromptLookupDrafter(num_draft_tokens=6), repetitive_prompt(3),
+    out = speculative_generate(target, PromptLookupDrafter(num_draft_tokens=6), repetitive_prompt(3),
                           max_new_tokens=40, sampling=GREEDY)
     stats = out.stats
     assert stats.target_calls == stats.iterations and stats.draft_calls == 0
@@ -196,7 +199,7 @@ def test_stats_count_passes_and_actual_drafts():
     assert all(len(r.drafted) <= 6 for r in out.trace)
     assert stats.tokens_per_target_call > 1
     # Nothing to copy: every iteration is a plain target step.
-    plain = lookup_generate(target, PromptLookupDrafter(), torch.arange(2, 12).view(1, -1), max_new_tokens=1,
+    plain = speculative_generate(target, PromptLookupDrafter(), torch.arange(2, 12).view(1, -1), max_new_tokens=1,
                             sampling=GREEDY)
     assert plain.stats.drafted_tokens == 0 and plain.stats.target_calls == 1
 
@@ -206,7 +209,7 @@ def test_same_seed_same_output():
     target = make_model("gpt2", layers=2, seed=1)
 
     def run(seed):
-        return lookup_generate(target, PromptLookupDrafter(), repetitive_prompt(0), max_new_tokens=40,
+        return speculative_generate(target, PromptLookupDrafter(), repetitive_prompt(0), max_new_tokens=40,
                                sampling=SamplingConfig(1.0), generator=torch.Generator().manual_seed(seed))
 
     first, second, other = run(5), run(5), run(6)
@@ -221,7 +224,7 @@ def test_exactly_max_new_tokens(max_new_tokens, sampling):
     """Never more, never fewer than max_new_tokens without an EOS, even with K = 10."""
     target = make_model("gpt2", layers=2, seed=1)
     prompt = repetitive_prompt(2)
-    out = lookup_generate(target, PromptLookupDrafter(), prompt, max_new_tokens=max_new_tokens, sampling=sampling,
+    out = speculative_generate(target, PromptLookupDrafter(), prompt, max_new_tokens=max_new_tokens, sampling=sampling,
                           generator=torch.Generator().manual_seed(0))
     assert out.sequences.shape == (1, prompt.size(1) + max_new_tokens)
     assert out.stats.new_tokens == max_new_tokens
@@ -246,7 +249,8 @@ def test_stops_right_after_eos_inside_an_accepted_block():
     assert cut is not None, "no block with an accepted EOS and drafts after it"
     m, j = cut
     eos = int(reference[m + j])
-    out = lookup_generate(target, drafter, reference[None, :m], max_new_tokens=40, sampling=GREEDY, eos_token_id=eos)
+    out = speculative_generate(target, drafter, reference[None, :m], max_new_tokens=40, sampling=GREEDY,
+                               eos_token_id=eos)
     assert out.sequences[0].tolist() == reference[: m + j + 1].tolist()
     last = out.trace[-1]
     assert len(out.trace) == 1 and last.emitted == last.drafted[: j + 1] and last.emitted[-1] == eos
@@ -269,7 +273,38 @@ def test_bad_arguments_raise_errors():
     with pytest.raises(ValueError, match="vocabulary"):
         PromptLookupDrafter().draft(ids(1, 7, 1), 3, vocab_size=5)
     target = make_model("gpt2", layers=1, seed=1)
-    with pytest.raises(TypeError, match="drafter"):
-        lookup_generate(target, object(), ids(1, 2), max_new_tokens=3)
+    with pytest.raises(TypeError, match="draft_model must be .* or a Drafter"):
+        speculative_generate(target, object(), ids(1, 2), max_new_tokens=3)
     with pytest.raises(ValueError, match="num_draft_tokens"):
-        lookup_generate(target, PromptLookupDrafter(), ids(1, 2), max_new_tokens=3, num_draft_tokens=0)
+        speculative_generate(target, PromptLookupDrafter(), ids(1, 2), max_new_tokens=3, num_draft_tokens=0)
+
+
+# --- One protocol for both kinds of drafter ----------------------------------------------
+
+
+def test_model_drafter_is_the_draft_model_path():
+    """speculative_generate with a ModelDrafter equals the same call with the bare draft model."""
+    target, draft = make_model("gpt2", layers=2, seed=1), make_model("gpt2", layers=1, seed=2)
+    prompt = ids(3, 1, 4, 1, 5)
+    for sampling in (GREEDY, SamplingConfig(1.0)):
+        runs = []
+        for wrap in (False, True):
+            generator = torch.Generator().manual_seed(7)
+            drafter = ModelDrafter(make_logits_source(draft, True), sampling, generator) if wrap else draft
+            out = speculative_generate(target, drafter, prompt, max_new_tokens=12, num_draft_tokens=3,
+                                       sampling=sampling, generator=generator)
+            runs.append((out.sequences.tolist(), out.stats.drafted_tokens, out.stats.draft_calls))
+        assert runs[0] == runs[1]
+        assert runs[0][1] > 0 and runs[0][2] > 0
+
+
+def test_drafter_default_k_and_counted_drafts():
+    """None takes the drafter's own K; drafted_tokens counts only what a lookup proposed."""
+    target = make_model("gpt2", layers=1, seed=1)
+    prompt = repetitive_prompt(0)
+    out = speculative_generate(target, PromptLookupDrafter(num_draft_tokens=6), prompt, max_new_tokens=20,
+                               sampling=GREEDY)
+    assert max(len(r.drafted) for r in out.trace) <= 6
+    assert out.stats.drafted_tokens == sum(len(r.drafted) for r in out.trace)
+    assert out.stats.draft_calls == 0
+    assert is_drafter(PromptLookupDrafter()) and not is_drafter(target)

@@ -1,7 +1,7 @@
 """Prompt lookup on the tiny pair's target: prompts that invite copying against prose.
 
 Greedy, 1 thread, interleaved calls: specdec_ref's `autoregressive_generate` (the
-target alone), `lookup.lookup_generate` with `PromptLookupDrafter`, and transformers'
+target alone), `decoder.speculative_generate` with `PromptLookupDrafter`, and transformers'
 `generate` without and with `prompt_lookup_num_tokens`; all four must give the same
 tokens. Then, without the copies' timing: where the accepted drafts were copied from
 (prompt or the generated text), tokens per target pass against K, and a sampled
@@ -26,7 +26,8 @@ import torch
 import transformers
 
 from specdec_ref import SamplingConfig, autoregressive_generate, load_pair
-from specdec_ref.lookup import PromptLookupDrafter, lookup_generate
+from specdec_ref.decoder import speculative_generate
+from specdec_ref.lookup import PromptLookupDrafter
 from specdec_ref.training.corpus import CorpusConfig, held_out_prompts, iter_documents
 
 from ..timing import cpu_name
@@ -121,7 +122,7 @@ def main() -> None:
     common = {"max_new_tokens": MAX_NEW_TOKENS, "sampling": GREEDY, "eos_token_id": None}
     methods = {
         "target": ours(lambda ids: autoregressive_generate(target, ids, **common)),
-        "lookup": ours(lambda ids: lookup_generate(target, drafter, ids, **common)),
+        "lookup": ours(lambda ids: speculative_generate(target, drafter, ids, **common)),
         "transformers_target": hf(plain),
         "transformers_lookup": hf(assisted),
     }
@@ -195,7 +196,7 @@ def main() -> None:
                     row = next(r for r in rows if r["source"] == prompt["source"])["methods"]["lookup"]
                     new, target_passes = new + row["new_tokens"], target_passes + row["target_passes"]
                     continue
-                out = lookup_generate(target, PromptLookupDrafter(MAX_NGRAM_SIZE, k, occurrence), prompt["ids"],
+                out = speculative_generate(target, PromptLookupDrafter(MAX_NGRAM_SIZE, k, occurrence), prompt["ids"],
                                       **common)
                 new, target_passes = new + out.stats.new_tokens, target_passes + out.stats.target_calls
             entry[f"{set_name}_tokens_per_target_pass"] = round(new / target_passes, 3)
@@ -213,7 +214,7 @@ def main() -> None:
                 if name == "target":
                     out = autoregressive_generate(target, prompt["ids"], **kwargs)
                 else:
-                    out = lookup_generate(target, drafter, prompt["ids"], **kwargs)
+                    out = speculative_generate(target, drafter, prompt["ids"], **kwargs)
                     accepted, drafted = accepted + out.stats.accepted_tokens, drafted + out.stats.drafted_tokens
                 seconds = time.perf_counter() - start
                 totals[name][0] += out.stats.new_tokens
