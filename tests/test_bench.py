@@ -14,7 +14,7 @@ MODES = ("greedy", "t1.0", "t0.7")
 K_VALUES = (1, 3)
 ARM_NAMES = {"hf generate", "hf assisted default", "hf assisted k=1", "hf assisted k=3", "specdec_ref autoregressive",
              "specdec_ref k=4 nocache", "specdec_ref k=1", "specdec_ref k=3", "specdec_ref heuristic",
-             "specdec_ref model"}
+             "specdec_ref model", "specdec_ref k=1 lean", "specdec_ref k=3 lean", "specdec_ref model lean"}
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +35,14 @@ def test_bench_writes_the_report_it_returns(bench_run):
     """The JSON file holds the report, with the top-level keys and the pass costs the analysis reads."""
     returned, written = bench_run
     assert written == json.loads(json.dumps(returned))
-    assert set(written) == {"meta", "cost_ratio", "verify_cost", "arms", "greedy_identical", "greedy_mismatches"}
+    assert set(written) == {"meta", "cost_ratio", "lean_cost_ratio", "verify_cost", "arms", "greedy_identical",
+                            "greedy_mismatches"}
     meta = written["meta"]
     for key in ("pair", "device", "dtype", "torch", "transformers", "date", "prompts", "max_new_tokens", "repeats",
                 "threads"):
         assert key in meta, key
     assert meta["pair"] == "random" and meta["max_new_tokens"] == 12 and meta["threads"] == 1
-    assert written["cost_ratio"] > 0
+    assert written["cost_ratio"] > 0 and written["lean_cost_ratio"] > 0  # the random draft is Llama-style
     assert set(written["verify_cost"]) == {str(k) for k in range(1, 9)}
     assert all(v > 0 for v in written["verify_cost"].values())
 

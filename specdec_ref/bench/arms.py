@@ -28,6 +28,8 @@ import torch
 from transformers import PreTrainedModel
 
 from ..decoder import autoregressive_generate, speculative_generate
+from ..drafting import ModelDrafter
+from ..lean import LeanForward
 from ..sampling import SamplingConfig
 from ..schedules import HeuristicDraftLength, ModelBasedDraftLength
 from ..timing import synchronize, time_call
@@ -51,6 +53,7 @@ class Arm:
     k: int | None  # fixed draft length (None: no draft model, or an adaptive/default one)
     use_cache: bool  # whether both models keep a KV cache
     schedule: str | None  # "fixed", "heuristic", "model", "default" (transformers), None (no draft)
+    lean: bool = False  # the draft runs through `lean.LeanForward` (same weights, no framework overhead)
 
     @property
     def speculative(self) -> bool:
@@ -62,7 +65,8 @@ class Arm:
         return MODES[self.mode]
 
 
-def build_arms(modes: list[str], k_values: list[int], *, nocache_k: int = 4, model_schedule: bool = True) -> list[Arm]:
+def build_arms(modes: list[str], k_values: list[int], *, nocache_k: int = 4, model_schedule: bool = True,
+               lean: bool = False) -> list[Arm]:
     """Every arm of the benchmark, mode by mode (the baseline first in each mode).
 
     Args:
@@ -70,6 +74,7 @@ def build_arms(modes: list[str], k_values: list[int], *, nocache_k: int = 4, mod
         k_values: the fixed draft lengths of the cached `specdec_ref` and assisted arms.
         nocache_k: K of the `specdec_ref` arm without a KV cache.
         model_schedule: include the model-based draft length arm.
+        lean: also run the fixed-K and model-schedule arms with the lean draft forward.
     """
     unknown = [mode for mode in modes if mode not in MODES]
     if unknown or not modes:
@@ -87,6 +92,10 @@ def build_arms(modes: list[str], k_values: list[int], *, nocache_k: int = 4, mod
         arms.append(Arm("specdec_ref heuristic", "specdec_ref", mode, None, True, "heuristic"))
         if model_schedule:
             arms.append(Arm("specdec_ref model", "specdec_ref", mode, None, True, "model"))
+        if lean:
+            arms += [Arm(f"specdec_ref k={k} lean", "specdec_ref", mode, k, True, "fixed", True) for k in k_values]
+            if model_schedule:
+                arms.append(Arm("specdec_ref model lean", "specdec_ref", mode, None, True, "model", True))
     return arms
 
 
@@ -221,7 +230,10 @@ class ArmRunner:
         generator = torch.Generator(device=self.pair.device).manual_seed(seed)
         common = {"max_new_tokens": self.max_new_tokens, "sampling": arm.sampling, "generator": generator,
                   "eos_token_id": None, "use_cache": arm.use_cache}
-        if arm.speculative:
+        if arm.lean:
+            drafter = ModelDrafter(MeteredLean(draft, self.meter), arm.sampling, generator)
+            out = speculative_generate(target, drafter, input_ids, num_draft_tokens=self._schedule(arm), **common)
+        elif arm.speculative:
             out = speculative_generate(target, draft, input_ids, num_draft_tokens=self._schedule(arm), **common)
         else:
             out = autoregressive_generate(target, input_ids, **common)
@@ -250,5 +262,22 @@ class ArmRunner:
         if arm.schedule == "heuristic":
             return HeuristicDraftLength()
         verify_cost = self.costs.verify_cost
-        return ModelBasedDraftLength(cost_ratio=self.costs.cost_ratio, verify_cost=verify_cost,
-                                     max_k=max(verify_cost))
+        cost_ratio = self.costs.lean_cost_ratio if arm.lean else self.costs.cost_ratio
+        return ModelBasedDraftLength(cost_ratio=cost_ratio, verify_cost=verify_cost, max_k=max(verify_cost))
+
+
+class MeteredLean(LeanForward):
+    """`LeanForward` whose passes the `ForwardMeter` counts and times as the draft's (it has no hooks)."""
+
+    def __init__(self, model: PreTrainedModel, meter: ForwardMeter) -> None:
+        super().__init__(model)
+        self.meter = meter
+
+    def last_logits(self, sequence: torch.Tensor, num_positions: int) -> torch.Tensor:
+        synchronize(self.meter.device)
+        start = _now()
+        logits = super().last_logits(sequence, num_positions)
+        synchronize(self.meter.device)
+        self.meter.seconds["draft"] += _now() - start
+        self.meter.calls["draft"] += 1
+        return logits

@@ -28,7 +28,9 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
+from ..lean import LeanForward, lean_unsupported
 from ..measure import measure_pass_latency
+from ..timing import time_call
 from ..validation import context_length, vocab_size
 
 # Prompts for a pair with a tokenizer when `specdec_ref.training.corpus` cannot provide held-out ones.
@@ -201,6 +203,7 @@ class PassCosts:
     verify_cost: dict[int, float]  # v(K): target pass over K + 1 tokens / target 1-token pass
     target_seconds: float  # median time of one target 1-token pass
     context: int  # tokens already in the cache when timed
+    lean_cost_ratio: float | None = None  # c with the draft run by `lean.LeanForward` (None: unsupported)
 
 
 def measure_costs(pair: BenchPair, *, context: int, max_k: int = 8, repeats: int = 20,
@@ -234,4 +237,21 @@ def measure_costs(pair: BenchPair, *, context: int, max_k: int = 8, repeats: int
     for k in range(1, max_k + 1):
         one = pass_seconds(pair.target_model, 1)
         verify_cost[k] = pass_seconds(pair.target_model, k + 1) / one
-    return PassCosts(cost_ratio, verify_cost, target_one, context)
+    lean_ratio = None
+    if lean_unsupported(pair.draft_model) is None:
+        lean_ratio = lean_pass_seconds(pair.draft_model, context, repeats, warmup) / pass_seconds(pair.target_model, 1)
+    return PassCosts(cost_ratio, verify_cost, target_one, context, lean_ratio)
+
+
+def lean_pass_seconds(model: PreTrainedModel, context: int, repeats: int = 20, warmup: int = 3) -> float:
+    """Median time of one 1-token `LeanForward` pass after `context` cached tokens."""
+    lean = LeanForward(model, max_length=context + 1)
+    device = next(model.parameters()).device
+    sequence = torch.randint(0, vocab_size(model), (1, context + 1), device=device)
+    lean.last_logits(sequence[:, :context], 1)  # fill the cache
+
+    def one_pass() -> None:
+        lean.last_logits(sequence, 1)
+        lean.rollback(context)
+
+    return time_call(one_pass, repeats=repeats, warmup=warmup, device=device).median

@@ -57,6 +57,7 @@ class BenchConfig:
     cost_repeats: int = 20  # timings per measured pass cost
     shape: RandomPairShape = field(default_factory=RandomPairShape)  # shapes of a random pair
     progress: bool = True  # show a progress bar
+    lean: bool = True  # add arms whose draft runs through `lean.LeanForward` (Llama-style drafts only)
 
     def __post_init__(self) -> None:
         for name in ("max_new_tokens", "repeats", "num_prompts", "prompt_tokens", "nocache_k", "cost_repeats"):
@@ -80,7 +81,8 @@ def run_benchmark(config: BenchConfig) -> dict:
                                            seed=config.seed)
     context = max(p.size(1) for p in prompts) + config.max_new_tokens // 2
     costs = measure_costs(pair, context=context, max_k=max(8, *config.k_values), repeats=config.cost_repeats)
-    arms = build_arms(list(config.modes), list(config.k_values), nocache_k=config.nocache_k)
+    arms = build_arms(list(config.modes), list(config.k_values), nocache_k=config.nocache_k,
+                      lean=config.lean and costs.lean_cost_ratio is not None)
     runner = ArmRunner(pair, max_new_tokens=config.max_new_tokens, costs=costs)
     records: dict[Arm, list[tuple[int, int, RunRecord]]] = {arm: [] for arm in arms}
     total = len(arms) * (1 + config.repeats * len(prompts))
@@ -127,6 +129,7 @@ def run_benchmark(config: BenchConfig) -> dict:
             "hf_assisted_defaults": assisted_defaults(),
         },
         "cost_ratio": costs.cost_ratio,
+        "lean_cost_ratio": costs.lean_cost_ratio,
         "verify_cost": {str(k): v for k, v in costs.verify_cost.items()},
         "arms": summaries,
         "greedy_identical": (not mismatches) if "greedy" in config.modes else None,
@@ -197,7 +200,9 @@ def format_table(report: dict) -> str:
         f"{meta['prompts']} prompts ({meta['prompt_source']}), {meta['max_new_tokens']} new tokens, "
         f"{meta['repeats']} repeats; target 1-token pass {meta['target_pass_ms']:.2f} ms at context "
         f"{meta['cost_context']}",
-        f"cost ratio c = {report['cost_ratio']:.3f}; verification cost v(K): {verify}",
+        f"cost ratio c = {report['cost_ratio']:.3f}"
+        + (f" (lean draft: {report['lean_cost_ratio']:.3f})" if report.get("lean_cost_ratio") else "")
+        + f"; verification cost v(K): {verify}",
     ]
     if meta.get("hf_assisted_defaults"):
         defaults = meta["hf_assisted_defaults"]
@@ -254,6 +259,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path | None]
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="a short run: few prompts, tokens and K values")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-lean", action="store_true", help="leave out the lean-draft arms")
     shape = RandomPairShape()
     parser.add_argument("--random-target-layers", type=int, default=shape.target_layers)
     parser.add_argument("--random-draft-layers", type=int, default=shape.draft_layers)
@@ -271,7 +277,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path | None]
         modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
         num_prompts=pick(args.num_prompts, 8, 2), prompt_tokens=pick(args.prompt_tokens, 32, 16),
         device=args.device, dtype=args.dtype, threads=args.threads, seed=args.seed,
-        cost_repeats=5 if quick else 20, progress=not args.no_progress,
+        cost_repeats=5 if quick else 20, progress=not args.no_progress, lean=not args.no_lean,
         shape=RandomPairShape(target_layers=args.random_target_layers, draft_layers=args.random_draft_layers,
                               width=args.random_width, vocab=args.random_vocab),
     )

@@ -1,0 +1,171 @@
+"""A lean cached forward pass for a small Llama-style draft model (chapter 6's cost c).
+
+The draft's job is to be cheap: speculative decoding pays when c = tau_q / tau_p is
+small. A one-layer draft does little arithmetic, so its time per token is mostly
+per-call overhead: a `transformers` forward builds attention masks, position
+embeddings and cache objects, and walks a dozen Python modules, for a pass whose
+matrix products take a fraction of a millisecond on a CPU. `LeanForward` runs the
+same weights through the same arithmetic with none of that:
+
+* the keys and values live in one preallocated buffer per layer, (H_kv, P, d), so a
+  pass writes its new columns in place and `rollback(n)` only lowers a length;
+* the rotary cos / sin rows for every position are computed once, by the model's own
+  rotary-embedding module (so any rope scaling the config asks for is honoured);
+* each block is RMSNorm, attention (`scaled_dot_product_attention`, grouped-query
+  when H_kv < H), RMSNorm, SwiGLU, read from the model's own weight tensors.
+
+It answers the `kv_cache.LogitsSource` question ("logits of the last m positions of
+this sequence") and plugs into the decoder as a drafter:
+`speculative_generate(target, ModelDrafter(LeanForward(draft), sampling, generator),
+ids, ...)`.
+
+Invariant: its logits equal `kv_cache.CachedForward`'s on the same model up to float
+rounding (`tests/test_lean.py`: below 1e-5 in float32 across passes and rollbacks).
+Only the draft's speed changes: the decoder's output law depends on the q it was
+given, never on how q was computed, and the target still runs through `transformers`.
+Supported: Llama-style models (model types in `LEAN_MODEL_TYPES`) with SiLU MLPs and
+full attention; anything else raises a `ValueError` naming what is not supported.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+# Model types whose decoder block is exactly: RMSNorm, rotary attention (optional
+# q/k/v biases), RMSNorm, SwiGLU MLP.
+LEAN_MODEL_TYPES = ("llama", "qwen2")
+
+
+def lean_unsupported(model: PreTrainedModel) -> str | None:
+    """Why `LeanForward` cannot run `model` (None when it can)."""
+    config = model.config
+    if config.model_type not in LEAN_MODEL_TYPES:
+        return f"model type {config.model_type!r} is not one of {LEAN_MODEL_TYPES}"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r} is not 'silu'"
+    if getattr(config, "mlp_bias", False):
+        return "the MLP has biases"
+    if getattr(config, "use_sliding_window", False) or any(
+            kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
+        return "some layers use sliding-window attention"
+    return None
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm as `transformers` computes it: in float32, scaled in the input dtype."""
+    variance = x.float().pow(2).mean(-1, keepdim=True)
+    return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of x (heads, m, d) with cos / sin rows (m, d)."""
+    half = x.size(-1) // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class LeanForward:
+    """A Llama-style model's cached forward pass with no per-call framework overhead."""
+
+    def __init__(self, model: PreTrainedModel, max_length: int | None = None) -> None:
+        """Args:
+            model: a Llama-style causal LM (`LEAN_MODEL_TYPES`), in eval mode.
+            max_length: the most tokens a sequence may reach (default: the model's
+                max_position_embeddings).
+
+        Raises:
+            ValueError: if the model is not supported, or `max_length` is not >= 1.
+        """
+        reason = lean_unsupported(model)
+        if reason is not None:
+            raise ValueError(f"LeanForward cannot run {type(model).__name__}: {reason}; use CachedForward")
+        config = model.config
+        positions = config.max_position_embeddings if max_length is None else max_length
+        if isinstance(positions, bool) or not isinstance(positions, int) or positions < 1:
+            raise ValueError(f"max_length must be an integer >= 1, got {max_length!r}")
+        self.model = model
+        self.forward_calls = 0
+        self.length = 0  # tokens whose keys and values are in the buffers
+        self.max_length = positions
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.eps = config.rms_norm_eps
+        body = model.model
+        self.embed = body.embed_tokens.weight  # (V, D)
+        self.blocks = [_block_weights(layer) for layer in body.layers]
+        self.norm = body.norm.weight
+        self.head = model.get_output_embeddings().weight  # (V, D)
+        weight = self.embed
+        shape = (self.kv_heads, positions, self.head_dim)
+        self.keys = [weight.new_zeros(shape) for _ in self.blocks]
+        self.values = [weight.new_zeros(shape) for _ in self.blocks]
+        # cos / sin rows of every position, from the model's own rotary module.
+        with torch.no_grad():
+            ids = torch.arange(positions, device=weight.device)[None]  # (1, P)
+            cos, sin = body.rotary_emb(weight[:1][None], ids)  # (1, P, d) each
+        self.cos, self.sin = cos[0], sin[0]  # (P, d)
+
+    @torch.no_grad()
+    def last_logits(self, sequence: torch.Tensor, num_positions: int) -> torch.Tensor:
+        """Logits at the last `num_positions` positions: (1, n) -> (m, V).
+
+        Feeds only the tokens past `length`, which must include the last
+        `num_positions` positions (as `CachedForward.last_logits`).
+        """
+        seen, end = self.length, sequence.size(1)
+        if end - seen < num_positions:
+            raise ValueError(f"num_positions={num_positions} but only {end - seen} tokens are unseen "
+                             f"(the cache holds {seen} of {end}); call rollback() first")
+        if end > self.max_length:
+            raise ValueError(f"the sequence has {end} tokens, more than max_length={self.max_length}")
+        m = end - seen
+        x = self.embed[sequence[0, seen:]]  # (m, D)
+        cos, sin = self.cos[seen:end], self.sin[seen:end]  # (m, d)
+        # New token i (at position seen + i) sees the keys at positions <= seen + i.
+        mask = None
+        if m > 1:
+            mask = torch.ones(m, end, dtype=torch.bool, device=x.device).tril(seen)  # (m, end)
+        for block, keys, values in zip(self.blocks, self.keys, self.values, strict=True):
+            x = x + self._attention(block, _rms_norm(x, block["norm1"], self.eps), keys, values,
+                                    cos, sin, seen, end, mask)
+            h = _rms_norm(x, block["norm2"], self.eps)
+            x = x + F.linear(F.silu(F.linear(h, block["gate"])) * F.linear(h, block["up"]), block["down"])
+        x = _rms_norm(x[-num_positions:], self.norm, self.eps)
+        self.length = end
+        self.forward_calls += 1
+        return F.linear(x, self.head)  # (num_positions, V)
+
+    def _attention(self, block: dict, h: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                   cos: torch.Tensor, sin: torch.Tensor, seen: int, end: int,
+                   mask: torch.Tensor | None) -> torch.Tensor:
+        """One attention sublayer for the m new tokens h (m, D); writes their keys and values."""
+        m = h.size(0)
+        q = F.linear(h, block["q"], block["q_bias"]).view(m, self.heads, self.head_dim).transpose(0, 1)
+        k = F.linear(h, block["k"], block["k_bias"]).view(m, self.kv_heads, self.head_dim).transpose(0, 1)
+        v = F.linear(h, block["v"], block["v_bias"]).view(m, self.kv_heads, self.head_dim).transpose(0, 1)
+        keys[:, seen:end] = _rotate(k, cos, sin)  # (H_kv, m, d) written in place
+        values[:, seen:end] = v
+        out = F.scaled_dot_product_attention(
+            _rotate(q, cos, sin)[None], keys[None, :, :end], values[None, :, :end],
+            attn_mask=mask, enable_gqa=self.kv_heads != self.heads)  # (1, H, m, d)
+        return F.linear(out[0].transpose(0, 1).reshape(m, -1), block["o"], block["o_bias"])
+
+    def rollback(self, length: int) -> None:
+        """Forget every cached token after the first `length` ones (their columns are overwritten later)."""
+        self.length = min(self.length, length)
+
+
+def _block_weights(layer: torch.nn.Module) -> dict:
+    """The tensors of one decoder block, by role."""
+    attention, mlp = layer.self_attn, layer.mlp
+    return {
+        "norm1": layer.input_layernorm.weight, "norm2": layer.post_attention_layernorm.weight,
+        "q": attention.q_proj.weight, "q_bias": attention.q_proj.bias,
+        "k": attention.k_proj.weight, "k_bias": attention.k_proj.bias,
+        "v": attention.v_proj.weight, "v_bias": attention.v_proj.bias,
+        "o": attention.o_proj.weight, "o_bias": attention.o_proj.bias,
+        "gate": mlp.gate_proj.weight, "up": mlp.up_proj.weight, "down": mlp.down_proj.weight,
+    }

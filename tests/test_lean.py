@@ -1,0 +1,70 @@
+"""The lean draft forward computes the same logits as transformers' cached forward, faster per call."""
+
+import pytest
+import torch
+from conftest import make_model
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from specdec_ref import SamplingConfig, autoregressive_generate, speculative_generate
+from specdec_ref.drafting import ModelDrafter
+from specdec_ref.kv_cache import CachedForward
+from specdec_ref.lean import LeanForward
+
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+def qwen2_model(seed: int = 0) -> Qwen2ForCausalLM:
+    """A small random Qwen2: q/k/v biases and grouped-query attention."""
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=50, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         initializer_range=0.2, use_sliding_window=False)
+    return Qwen2ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("build", [lambda: make_model("llama", layers=2, seed=3), qwen2_model],
+                         ids=["llama", "qwen2"])
+def test_logits_match_cached_forward_across_passes_and_rollbacks(build):
+    """Passes of 1 and several tokens, rollbacks to shorter lengths: logits agree to 1e-5 (float32)."""
+    model = build()
+    lean, cached = LeanForward(model), CachedForward(model)
+    sequence = torch.randint(2, 48, (1, 40), generator=torch.Generator().manual_seed(0))
+    # (length fed up to, positions asked for, rollback to afterwards)
+    steps = [(12, 3, 12), (13, 1, 13), (18, 5, 14), (19, 5, 19), (20, 1, 16), (25, 9, 25)]
+    for end, m, keep in steps:
+        ours, theirs = lean.last_logits(sequence[:, :end], m), cached.last_logits(sequence[:, :end], m)
+        assert ours.shape == theirs.shape == (m, model.config.vocab_size)
+        assert torch.allclose(ours, theirs, atol=1e-5, rtol=0)
+        lean.rollback(keep)
+        cached.rollback(keep)
+    assert lean.forward_calls == cached.forward_calls == len(steps)
+
+
+def test_a_lean_draft_keeps_the_target_greedy_output():
+    """The lean draft changes the speed only: greedy output is the target's, token for token."""
+    target, draft = make_model("llama", layers=3, seed=1), make_model("llama", layers=1, seed=2)
+    prompt = torch.tensor([[3, 9, 4, 1, 5]])
+    alone = autoregressive_generate(target, prompt, max_new_tokens=30, sampling=GREEDY)
+    for k in (1, 4):
+        drafter = ModelDrafter(LeanForward(draft), GREEDY)
+        out = speculative_generate(target, drafter, prompt, max_new_tokens=30, num_draft_tokens=k,
+                                   sampling=GREEDY)
+        assert torch.equal(out.sequences, alone.sequences)
+        plain = speculative_generate(target, draft, prompt, max_new_tokens=30, num_draft_tokens=k,
+                                     sampling=GREEDY)
+        assert [r.drafted for r in out.trace] == [r.drafted for r in plain.trace]  # same drafts
+
+
+def test_unsupported_models_and_bad_lengths_are_refused():
+    """Errors name the model type or the argument."""
+    with pytest.raises(ValueError, match="model type 'gpt2'"):
+        LeanForward(make_model("gpt2", layers=1))
+    model = make_model("llama", layers=1)
+    with pytest.raises(ValueError, match="max_length"):
+        LeanForward(model, max_length=0)
+    lean = LeanForward(model, max_length=8)
+    with pytest.raises(ValueError, match="max_length=8"):
+        lean.last_logits(torch.ones(1, 9, dtype=torch.long), 1)
+    lean.last_logits(torch.ones(1, 4, dtype=torch.long), 1)
+    with pytest.raises(ValueError, match="rollback"):
+        lean.last_logits(torch.ones(1, 4, dtype=torch.long), 1)
