@@ -77,7 +77,8 @@ class BatchedForward:
         self.seen = [0] * batch_size  # tokens of each row held in the cache
 
     def _realign(self, keep: list[int]) -> None:
-        """Keep each row's first keep[b] cached tokens, moved to end in the last column."""
+        """Keep each row's first keep[b] cached tokens, moved to end in the
+        last column."""
         width = max(keep)
         start = [width - k for k in keep]
         if width == 0:
@@ -85,21 +86,28 @@ class BatchedForward:
         elif width != self.width or start != self.start:
             # New column c of row b reads old column c + shift[b];
             # columns left of the row's tokens read anything and stay masked.
-            shifts = [old - new for old, new in zip(self.start, start, strict=True)]
+            shifts = [old - new
+                      for old, new in zip(self.start, start, strict=True)]
             if len(set(shifts)) == 1:
-                # Every row moves alike (a plain crop, as at batch size 1): a slice.
+                # Every row moves alike (a plain crop, as at batch size 1):
+                # a slice.
+                first = shifts[0]
                 for layer in self.cache.layers:
-                    layer.keys = layer.keys[:, :, shifts[0]:shifts[0] + width]
-                    layer.values = layer.values[:, :, shifts[0]:shifts[0] + width]
+                    layer.keys = layer.keys[:, :, first:first + width]
+                    layer.values = layer.values[:, :, first:first + width]
             else:
                 device = self.cache.layers[0].keys.device
                 shift = torch.tensor(shifts, device=device)  # (B,)
-                index = (torch.arange(width, device=device)[None] + shift[:, None]).clamp(0, self.width - 1)
+                columns = torch.arange(width, device=device)  # (C',)
+                index = (columns[None] + shift[:, None]).clamp(
+                    0, self.width - 1)  # (B, C')
                 for layer in self.cache.layers:
                     for name in ("keys", "values"):
                         states = getattr(layer, name)  # (B, H, C, D)
-                        rows = index[:, None, :, None].expand(-1, states.size(1), -1, states.size(3))
-                        setattr(layer, name, states.gather(2, rows))  # (B, H, C', D)
+                        rows = index[:, None, :, None].expand(
+                            -1, states.size(1), -1, states.size(3))
+                        # (B, H, C', D)
+                        setattr(layer, name, states.gather(2, rows))
         self.width, self.start, self.seen = width, start, list(keep)
 
     @torch.no_grad()

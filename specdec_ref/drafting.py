@@ -88,18 +88,20 @@ def draft_tokens(
 
 
 class Drafter(Protocol):
-    """Anything that proposes drafts from the sequence alone: the decoder's view.
+    """Anything that drafts from the sequence alone: the decoder's view.
 
-    `draft` may return fewer tokens than asked (none: that iteration is one plain
-    target step). After each iteration the decoder calls `rollback(length)` with the
-    number of tokens of the sequence that are final; `forward_calls` counts the
-    drafter's model passes.
+    `draft` may return fewer tokens than asked (none: that iteration is one
+    plain target step). After each iteration the decoder calls
+    `rollback(length)` with the number of tokens of the sequence that are
+    final; `forward_calls` counts the drafter's model passes.
     """
 
     forward_calls: int
 
-    def draft(self, input_ids: torch.Tensor, num_draft_tokens: int, vocab_size: int) -> Draft:
-        """Up to `num_draft_tokens` tokens after `input_ids` (1, n), with q rows (K', V)."""
+    def draft(self, input_ids: torch.Tensor, num_draft_tokens: int,
+              vocab_size: int) -> Draft:
+        """Up to `num_draft_tokens` tokens after `input_ids` (1, n), with q
+        rows (K', V)."""
         ...
 
     def rollback(self, length: int) -> None:
@@ -115,7 +117,8 @@ def is_drafter(obj: object) -> bool:
 class ModelDrafter:
     """A draft model as a `Drafter`: `draft_tokens` over a logits source."""
 
-    def __init__(self, source: PreTrainedModel | LogitsSource, sampling: SamplingConfig,
+    def __init__(self, source: PreTrainedModel | LogitsSource,
+                 sampling: SamplingConfig,
                  generator: torch.Generator | None = None) -> None:
         self.source = as_logits_source(source)
         self.sampling = sampling
@@ -126,9 +129,12 @@ class ModelDrafter:
         """The draft model's forward passes so far."""
         return self.source.forward_calls
 
-    def draft(self, input_ids: torch.Tensor, num_draft_tokens: int, vocab_size: int) -> Draft:
-        """Exactly `num_draft_tokens` tokens from the draft model (`vocab_size` is its own)."""
-        return draft_tokens(self.source, input_ids, num_draft_tokens, self.sampling, self.generator)
+    def draft(self, input_ids: torch.Tensor, num_draft_tokens: int,
+              vocab_size: int) -> Draft:
+        """Exactly `num_draft_tokens` tokens from the draft model
+        (`vocab_size` is its own)."""
+        return draft_tokens(self.source, input_ids, num_draft_tokens,
+                            self.sampling, self.generator)
 
     def rollback(self, length: int) -> None:
         """Crop the draft model's cache to the first `length` tokens."""

@@ -79,43 +79,57 @@ class PromptLookupDrafter:
             raise ValueError(f"occurrence must be 'last' or 'first', got {self.occurrence!r}")
 
     def match(self, input_ids: torch.Tensor) -> int | None:
-        """Where the proposal starts: the index right after the chosen earlier occurrence of
-        the longest matching suffix n-gram; None when no suffix n-gram occurs earlier.
+        """Where the proposal starts: the index right after the chosen
+        earlier occurrence of the longest matching suffix n-gram; None when
+        no suffix n-gram occurs earlier.
 
         Raises:
             ValueError: if `input_ids` is not a tensor of shape (1, n).
         """
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.size(0) != 1:
-            shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
-            raise ValueError(f"input_ids must be a tensor of shape (1, n), got {shape}")
+        if (not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2
+                or input_ids.size(0) != 1):
+            shape = (tuple(input_ids.shape)
+                     if isinstance(input_ids, torch.Tensor)
+                     else type(input_ids).__name__)
+            raise ValueError(
+                f"input_ids must be a tensor of shape (1, n), got {shape}")
         ids = input_ids[0]  # (n,)
-        # Longest suffix first; an n-gram as long as the sequence can only match itself.
+        # Longest suffix first; an n-gram as long as the sequence can only
+        # match itself.
         for size in range(min(self.max_ngram_size, ids.numel() - 1), 0, -1):
-            windows = ids.unfold(0, size, 1)  # (n - size + 1, size): window j is ids[j : j + size]
-            # Every window but the last (the suffix itself) is an earlier occurrence.
-            hits = (windows[:-1] == ids[-size:]).all(-1).nonzero().view(-1)  # (matches,)
+            # (n - size + 1, size): window j is ids[j : j + size]
+            windows = ids.unfold(0, size, 1)
+            # Every window but the last (the suffix itself) is an earlier
+            # occurrence.
+            hits = (windows[:-1] == ids[-size:]).all(-1)  # (n - size,)
+            hits = hits.nonzero().view(-1)  # (matches,)
             if hits.numel():
-                return int(hits[-1 if self.occurrence == "last" else 0]) + size
+                chosen = hits[-1 if self.occurrence == "last" else 0]
+                return int(chosen) + size
         return None
 
-    def lookup(self, input_ids: torch.Tensor, num_draft_tokens: int) -> torch.Tensor:
-        """The proposed continuation, shape (K',) with 0 <= K' <= num_draft_tokens.
+    def lookup(self, input_ids: torch.Tensor,
+               num_draft_tokens: int) -> torch.Tensor:
+        """The proposed continuation, shape (K',), 0 <= K' <= num_draft_tokens.
 
         Args:
             input_ids: the sequence so far, shape (1, n).
             num_draft_tokens: the most tokens to propose (K >= 0).
 
         Raises:
-            ValueError: if `input_ids` is not (1, n) or `num_draft_tokens` is not an integer >= 0.
+            ValueError: if `input_ids` is not (1, n) or `num_draft_tokens`
+                is not an integer >= 0.
         """
         k = as_integer(num_draft_tokens)
         if k is None or k < 0:
-            raise ValueError(f"num_draft_tokens must be an integer >= 0, got {num_draft_tokens!r}")
+            raise ValueError("num_draft_tokens must be an integer >= 0, "
+                             f"got {num_draft_tokens!r}")
         start = self.match(input_ids)
         if k == 0 or start is None:
             return input_ids[0, :0]  # (0,): nothing to propose
-        # The tokens that followed the match, clipped at the end of the sequence (at least
-        # one: an earlier occurrence ends before the last token).
+        # The tokens that followed the match, clipped at the end of the
+        # sequence (at least one: an earlier occurrence ends before the
+        # last token).
         return input_ids[0, start:start + k]  # (K',)
 
     def draft(self, input_ids: torch.Tensor, num_draft_tokens: int, vocab_size: int) -> Draft:
