@@ -17,6 +17,7 @@ import ast
 import copy
 import datetime
 import json
+import os
 import platform
 import statistics
 import time
@@ -229,11 +230,10 @@ def main() -> None:
     report = {
         "meta": {
             "what": "prompt lookup (specdec_ref.lookup) vs the target alone vs transformers' prompt lookup",
-            "script": "lookup_bench.py --repeats 3 (the chapter 7 helper's measurement script; to be committed "
-                      "as specdec_ref/bench/lookup.py)",
+            "script": f"python -m specdec_ref.bench.lookup --repeats {args.repeats}",
             "pair": "tiny, target only (12.6M parameters, Llama-style, 4096-token BPE, 512 positions)",
             "device": "cpu", "machine": cpu_name(), "dtype": str(target.dtype).replace("torch.", ""),
-            "threads": torch.get_num_threads(), "niceness": 5,
+            "threads": torch.get_num_threads(), "niceness": os.nice(0),
             "note": "2-core machine shared with other jobs: timings are noisy (medians of interleaved calls); "
                     "tokens per target pass are exact counts",
             "torch": torch.__version__, "transformers": transformers.__version__,
