@@ -11,7 +11,7 @@ PYTEST_WORKERS ?= -n 2
 # $(call timed,name,command): run a command and print its wall time in seconds.
 timed = start=$$(date +%s); $(2); status=$$?; echo "time: $(1) $$(( $$(date +%s) - start )) s"; exit $$status
 
-.PHONY: setup demo bench execute test test-floor lint clean book book-build static nbval nbval-half browser-check chromium
+.PHONY: setup demo bench bench-gpu execute test test-floor lint clean book book-build static nbval nbval-half browser-check chromium
 
 # A preinstalled torch (Colab, a CUDA machine) is kept: the venv then sees the system
 # site-packages. Otherwise the CPU build pinned in constraints/cpu.txt is installed.
@@ -33,6 +33,11 @@ demo: setup
 # The fair benchmark against transformers (writes bench-results/bench-<pair>.json).
 bench: setup
 	$(BIN)/python -m specdec_ref.bench
+
+# On a CUDA machine: the unit tests with their [cuda] cases, the notebooks in float16 and
+# bfloat16, then the benchmark into book/data/bench-*-cuda-*.json (logs in gpu-check/).
+bench-gpu:
+	scripts/gpu_check.sh
 
 # Re-run every notebook top to bottom on the CPU with the tiny pair, outputs saved in place
 # (one torch thread, as the chapters set; run on a quiet machine). See CONTRIBUTING.md.

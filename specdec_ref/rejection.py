@@ -142,9 +142,11 @@ def accept_reject_article(
     that it is."""
     _check_inputs(draft_tokens, draft_probs, target_probs)
     k = draft_tokens.numel()
+    device = generator.device if generator is not None else torch.device("cpu")
     for i in range(k):
         x = int(draft_tokens[i])
-        u = torch.rand((), dtype=torch.float64, generator=generator)
+        u = torch.rand((), dtype=torch.float64, device=device,
+                       generator=generator)
         if not u * float(draft_probs[i, x]) < float(target_probs[i, x]):
             # Rejected: the article draws from p itself, not the residual.
             correction = int(sample(target_probs[i], generator))

@@ -17,6 +17,22 @@ VOCAB = 48
 # everything down badly when another process holds a core: one thread is faster here.
 torch.set_num_threads(1)
 
+# The devices the exactness, greedy-equality and rollback tests run on: the CPU always,
+# and CUDA where a GPU is present (scripts/gpu_check.sh runs them there).
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> str:
+    """Each device of DEVICES in turn ("cpu", and "cuda" where a GPU is present)."""
+    return request.param
+
+
+def generator_on(device: str, seed: int) -> torch.Generator:
+    """A seeded generator on `device`: `sampling.sample` and `rejection.accept_reject`
+    draw on the generator's device, so on "cuda" the draws are made on the GPU."""
+    return torch.Generator(device=device).manual_seed(seed)
+
 
 def make_model(family: str, *, layers: int = 2, width: int = 64, vocab: int = VOCAB, seed: int = 0,
                positions: int = 512, init_range: float = 0.2):

@@ -4,7 +4,7 @@ import random
 
 import pytest
 import torch
-from conftest import chi_square_pvalue, exact_joint_law, make_model, noisy_copy
+from conftest import chi_square_pvalue, exact_joint_law, generator_on, make_model, noisy_copy
 
 from specdec_ref import SamplingConfig, batched, speculative_generate
 from specdec_ref.batched import BatchedForward, accept_reject_rows, batched_speculative_generate
@@ -14,10 +14,10 @@ from specdec_ref.rejection import accept_reject, emission_distribution
 GREEDY = SamplingConfig(temperature=0.0)
 
 
-def random_prompts(lengths, seed=0, vocab=48):
-    """One 1-D prompt per length, ids in [2, vocab) (0 and 1 are BOS / EOS)."""
+def random_prompts(lengths, seed=0, vocab=48, device="cpu"):
+    """One 1-D prompt per length, ids in [2, vocab) (0 and 1 are BOS / EOS), on `device`."""
     generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(2, vocab, (n,), generator=generator) for n in lengths]
+    return [torch.randint(2, vocab, (n,), generator=generator).to(device) for n in lengths]
 
 
 def count_passes(model):
@@ -29,11 +29,11 @@ def count_passes(model):
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_greedy_rows_match_target_generate(close_pair, k):
+def test_greedy_rows_match_target_generate(close_pair, k, device):
     """Temperature 0: every row, whatever its length, is the target's greedy output,
     token for token (transformers' generate and speculative_generate, float32)."""
-    target, draft = close_pair
-    prompts = random_prompts([1, 4, 7, 10], seed=k)
+    target, draft = (model.to(device) for model in close_pair)
+    prompts = random_prompts([1, 4, 7, 10], seed=k, device=device)
     outs = batched_speculative_generate(target, draft, prompts, max_new_tokens=40, num_draft_tokens=k,
                                         sampling=GREEDY)
     for prompt, out in zip(prompts, outs, strict=True):
@@ -48,10 +48,10 @@ def test_greedy_rows_match_target_generate(close_pair, k):
     assert 0 < sum(o.stats.accepted_tokens for o in outs) < sum(o.stats.drafted_tokens for o in outs)
 
 
-def test_batched_forward_matches_full_forward_after_rollbacks(pair):
+def test_batched_forward_matches_full_forward_after_rollbacks(pair, device):
     """The realigned, left-padded cache gives every row the logits of a fresh pass over
     that row alone, after feeds of different sizes and per-row rollbacks."""
-    target, _ = pair
+    target = pair[0].to(device)
     rng = random.Random(0)
     rows = [row.tolist() for row in random_prompts([1, 6, 3], seed=4)]
     source, full = BatchedForward(target, len(rows)), FullForward(target)
@@ -62,7 +62,8 @@ def test_batched_forward_matches_full_forward_after_rollbacks(pair):
         m = 1 + min(new)
         logits = source.last_logits(rows, m)  # (B, m, V)
         for b, row in enumerate(rows):
-            assert torch.allclose(logits[b], full.last_logits(torch.tensor([row]), m), atol=1e-5), (step, b)
+            fresh = full.last_logits(torch.tensor([row], device=device), m)
+            assert torch.allclose(logits[b], fresh, atol=1e-5), (step, b)
         # Each row keeps a different prefix, at times older than this pass; its last token stays unseen.
         keep = [rng.randint(max(1, len(row) - 6), len(row) - 1) for row in rows]
         rows = [row[:n + 1] for row, n in zip(rows, keep, strict=True)]
@@ -70,25 +71,28 @@ def test_batched_forward_matches_full_forward_after_rollbacks(pair):
     assert source.width <= max(len(row) for row in rows) + 3  # padding columns do not pile up
 
 
-def law_pvalues(sampling, family="gpt2", copies=1500):
+def law_pvalues(sampling, family="gpt2", copies=1500, device="cpu"):
     """One batch holding `copies` rows of each of three prompts of different lengths
-    (interleaved); the chi-square p-value of each prompt's first 3 tokens."""
+    (interleaved), generated on `device`; the chi-square p-value of each prompt's first
+    3 tokens against its exact law (computed on the CPU)."""
     vocab = 5
     target = make_model(family, layers=1, width=32, vocab=vocab, seed=7, init_range=0.5)
     draft = noisy_copy(target, noise=0.8, seed=8)
     prompts = [torch.tensor([1]), torch.tensor([1, 2]), torch.tensor([3, 0, 4, 2])]
-    outs = batched_speculative_generate(target, draft, prompts * copies, max_new_tokens=3, num_draft_tokens=2,
-                                        sampling=sampling, generator=torch.Generator().manual_seed(123))
+    laws = [exact_joint_law(target, prompt, sampling, 3, vocab) for prompt in prompts]
+    outs = batched_speculative_generate(target.to(device), draft.to(device),
+                                        [prompt.to(device) for prompt in prompts] * copies, max_new_tokens=3,
+                                        num_draft_tokens=2, sampling=sampling, generator=generator_on(device, 123))
     accepted = sum(out.stats.accepted_tokens for out in outs)
     assert 0 < accepted < sum(out.stats.drafted_tokens for out in outs)  # both branches ran
     pvalues = []
-    for i, prompt in enumerate(prompts):
+    for i, (prompt, law) in enumerate(zip(prompts, laws, strict=True)):
         samples = [tuple(out.sequences[0, prompt.numel():].tolist()) for out in outs[i::len(prompts)]]
-        pvalues.append(chi_square_pvalue(exact_joint_law(target, prompt, sampling, 3, vocab), samples))
+        pvalues.append(chi_square_pvalue(law, samples))
     return pvalues
 
 
-def test_row_rule_has_the_law_of_accept_reject():
+def test_row_rule_has_the_law_of_accept_reject(device):
     """accept_reject_rows emits, in every row, what accept_reject would: the law of
     emission_distribution (chi-square), rows with K_b = 2 and K_b = 1 in one batch."""
     generator = torch.Generator().manual_seed(0)
@@ -98,7 +102,11 @@ def test_row_rule_has_the_law_of_accept_reject():
     drafted = torch.stack([torch.multinomial(q[i], rows, replacement=True, generator=generator)
                            for i in range(2)], 1)  # (B, K): drafts sampled from q
     num_drafts = [2, 1] * (rows // 2)
-    emitted = accept_reject_rows(drafted, q.expand(rows, -1, -1), p.expand(rows, -1, -1), num_drafts, generator)
+    # The inputs come from the CPU generator; the rule draws on `device` (on the CPU, from
+    # the same generator as before).
+    rule_generator = generator if device == "cpu" else generator_on(device, 0)
+    emitted = accept_reject_rows(drafted.to(device), q.expand(rows, -1, -1).to(device),
+                                 p.expand(rows, -1, -1).to(device), num_drafts, rule_generator)
     for k, law in ((2, emission_distribution(q, p)), (1, emission_distribution(q[:1], p[:2]))):
         samples = [tuple(e) for e, kb in zip(emitted, num_drafts, strict=True) if kb == k]
         assert chi_square_pvalue(law, samples) > 1e-3
@@ -109,7 +117,8 @@ def test_row_rule_has_the_law_of_accept_reject():
                                 torch.randint(0, 6, (64, 3), generator=generator))
     counts = [3, 2, 0, 1] * 16
     q_rows = torch.nn.functional.one_hot(greedy_drafts, 6).float()
-    rows_out = accept_reject_rows(greedy_drafts, q_rows, p_rows, counts, greedy=True)
+    rows_out = accept_reject_rows(greedy_drafts.to(device), q_rows.to(device), p_rows.to(device), counts,
+                                  greedy=True)
     for b in range(64):
         k = counts[b]
         assert rows_out[b] == accept_reject(greedy_drafts[b, :k], q_rows[b, :k], p_rows[b, :k + 1], greedy=True)
@@ -117,17 +126,17 @@ def test_row_rule_has_the_law_of_accept_reject():
 
 @pytest.mark.parametrize("family, sampling", [("gpt2", SamplingConfig(1.0)), ("llama", SamplingConfig(1.0)),
                                               ("gpt2", SamplingConfig(0.7, top_k=3))])
-def test_sampled_rows_follow_target_law(family, sampling):
+def test_sampled_rows_follow_target_law(family, sampling, device):
     """Each row's first 3 tokens follow the target's exact joint law (chi-square),
     for prompts of lengths 1, 2 and 4 sharing one batch."""
-    assert min(law_pvalues(sampling, family)) > 1e-3
+    assert min(law_pvalues(sampling, family, device=device)) > 1e-3
 
 
-def test_chi_square_rejects_the_article_rule(monkeypatch):
+def test_chi_square_rejects_the_article_rule(monkeypatch, device):
     """Power check: the same test fails when rejected drafts are resampled from p
     (the source article's biased rule) instead of the residual."""
     monkeypatch.setattr(batched, "residual_distribution", lambda p, q: p)
-    assert max(law_pvalues(SamplingConfig(1.0))) < 1e-6  # every prompt fails
+    assert max(law_pvalues(SamplingConfig(1.0), device=device)) < 1e-6  # every prompt fails
 
 
 def test_same_seed_same_output(close_pair):

@@ -3,7 +3,7 @@
 
 import pytest
 import torch
-from conftest import chi_square_pvalue, exact_joint_law, make_model, noisy_copy
+from conftest import chi_square_pvalue, exact_joint_law, generator_on, make_model, noisy_copy
 
 from specdec_ref import SamplingConfig, autoregressive_generate, speculative_generate
 from specdec_ref.decoder import GenerationStats
@@ -15,20 +15,20 @@ GREEDY = SamplingConfig(temperature=0.0)
 
 @pytest.mark.parametrize("k", [1, 3, 5])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_greedy_matches_target_generate(close_pair, k, seed):
+def test_greedy_matches_target_generate(close_pair, k, seed, device):
     """Temperature 0: the same tokens as transformers' greedy generate, float32."""
-    target, draft = close_pair
-    prompt = torch.randint(2, 48, (1, 5), generator=torch.Generator().manual_seed(seed))
+    target, draft = (model.to(device) for model in close_pair)
+    prompt = torch.randint(2, 48, (1, 5), generator=torch.Generator().manual_seed(seed)).to(device)
     expected = target.generate(prompt, max_new_tokens=60, min_new_tokens=60, do_sample=False)
     out = speculative_generate(target, draft, prompt, max_new_tokens=60, num_draft_tokens=k, sampling=GREEDY)
     assert torch.equal(out.sequences, expected)
     assert 0 < out.stats.accepted_tokens < out.stats.drafted_tokens  # both branches were exercised
 
 
-def test_autoregressive_baseline_matches_generate(close_pair):
+def test_autoregressive_baseline_matches_generate(close_pair, device):
     """The baseline decoder is the target's own greedy decoding."""
-    target, _ = close_pair
-    prompt = torch.tensor([[3, 4, 5]])
+    target = close_pair[0].to(device)
+    prompt = torch.tensor([[3, 4, 5]], device=device)
     expected = target.generate(prompt, max_new_tokens=40, min_new_tokens=40, do_sample=False)
     assert torch.equal(autoregressive_generate(target, prompt, max_new_tokens=40, sampling=GREEDY).sequences, expected)
 
@@ -42,14 +42,15 @@ def test_autoregressive_baseline_matches_generate(close_pair):
         (SamplingConfig(1.0, top_p=0.8), True),
     ],
 )
-def test_sampling_end_to_end_matches_target_law(sampling, use_cache):
+def test_sampling_end_to_end_matches_target_law(sampling, use_cache, device):
     """The joint law of the first 3 generated tokens equals the target's (chi-square)."""
     vocab = 5
     target = make_model("gpt2", layers=1, width=32, vocab=vocab, seed=7, init_range=0.5)
     draft = noisy_copy(target, noise=0.8, seed=8)
     prompt = torch.tensor([[1, 2]])
-    law = exact_joint_law(target, prompt, sampling, 3, vocab)
-    generator = torch.Generator().manual_seed(123)
+    law = exact_joint_law(target, prompt, sampling, 3, vocab)  # the exact law, on the CPU
+    target, draft, prompt = target.to(device), draft.to(device), prompt.to(device)
+    generator = generator_on(device, 123)
     samples, accepted = [], 0
     for _ in range(3000):
         out = speculative_generate(target, draft, prompt, max_new_tokens=3, num_draft_tokens=2,
@@ -60,14 +61,15 @@ def test_sampling_end_to_end_matches_target_law(sampling, use_cache):
     assert chi_square_pvalue(law, samples) > 1e-3
 
 
-def test_chi_square_rejects_the_draft_law():
+def test_chi_square_rejects_the_draft_law(device):
     """Power check: sampling the draft alone fails the same end-to-end test."""
     vocab = 5
     target = make_model("gpt2", layers=1, width=32, vocab=vocab, seed=7, init_range=0.5)
     draft = noisy_copy(target, noise=0.8, seed=8)
     prompt = torch.tensor([[1, 2]])
-    law = exact_joint_law(target, prompt, SamplingConfig(1.0), 3, vocab)
-    generator = torch.Generator().manual_seed(123)
+    law = exact_joint_law(target, prompt, SamplingConfig(1.0), 3, vocab)  # the exact law, on the CPU
+    draft, prompt = draft.to(device), prompt.to(device)
+    generator = generator_on(device, 123)
     samples = [tuple(autoregressive_generate(draft, prompt, max_new_tokens=3, generator=generator)
                      .sequences[0, 2:].tolist()) for _ in range(3000)]
     assert chi_square_pvalue(law, samples) < 1e-6

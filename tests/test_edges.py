@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from conftest import make_model, noisy_copy
+from conftest import generator_on, make_model, noisy_copy
 from transformers import (
     Gemma2Config,
     Gemma2ForCausalLM,
@@ -63,14 +63,15 @@ def greedy_reference(model, prompt, n):
 
 @needs_past_recording
 @pytest.mark.parametrize("family", ["mistral", "gemma2", "gemma3"])
-def test_sliding_window_greedy_matches_target_generate(family):
+def test_sliding_window_greedy_matches_target_generate(family, device):
     """K=3, 60 tokens, window 6: rollbacks far past the window give generate's tokens."""
     target = sliding_model(family)
-    draft = noisy_copy(target, noise=0.1, seed=3)
-    prompt = torch.tensor([[3, 4, 5]])
+    draft = noisy_copy(target, noise=0.1, seed=3).to(device)
+    target = target.to(device)
+    prompt = torch.tensor([[3, 4, 5]], device=device)
     expected = greedy_reference(target, prompt, 60)
     # The window really shapes the output: without it, greedy decoding differs.
-    assert not torch.equal(expected, greedy_reference(sliding_model(family, window=4096), prompt, 60))
+    assert not torch.equal(expected, greedy_reference(sliding_model(family, window=4096).to(device), prompt, 60))
     out = speculative_generate(target, draft, prompt, max_new_tokens=60, num_draft_tokens=3, sampling=GREEDY)
     assert torch.equal(out.sequences, expected)
     assert 0 < out.stats.accepted_tokens < out.stats.judged_tokens  # rejections, hence rollbacks
@@ -89,11 +90,13 @@ def test_sliding_window_sampling_is_the_same_with_and_without_cache():
 
 
 @needs_past_recording
-def test_sliding_layers_are_trimmed_back_to_their_window():
+def test_sliding_layers_are_trimmed_back_to_their_window(device):
     """After every iteration a sliding layer holds at most window - 1 keys; logits stay exact."""
     target_model = sliding_model("gemma2")
-    target, draft = CachedForward(target_model), CachedForward(noisy_copy(target_model, noise=0.1, seed=3))
-    sequence = torch.tensor([[3, 4, 5]])
+    draft_model = noisy_copy(target_model, noise=0.1, seed=3).to(device)
+    target_model = target_model.to(device)
+    target, draft = CachedForward(target_model), CachedForward(draft_model)
+    sequence = torch.tensor([[3, 4, 5]], device=device)
     for _ in range(15):
         sequence, _, _ = speculative_step(target, draft, sequence, 3, GREEDY)
         for source in (target, draft):
@@ -132,13 +135,13 @@ def test_sliding_window_refused_where_transformers_cannot_roll_back(monkeypatch)
 
 
 @pytest.mark.parametrize("temperature", [1e-45, 1e-320])
-def test_tiny_temperature_generates_the_greedy_tokens(close_pair, temperature):
+def test_tiny_temperature_generates_the_greedy_tokens(close_pair, temperature, device):
     """T -> 0 is greedy in the limit: both decoders emit the greedy tokens, no NaN, no error."""
-    target, draft = close_pair
-    prompt = torch.tensor([[3, 4, 5]])
+    target, draft = (model.to(device) for model in close_pair)
+    prompt = torch.tensor([[3, 4, 5]], device=device)
     expected = greedy_reference(target, prompt, 30)
     sampling = SamplingConfig(temperature=temperature)
-    generator = torch.Generator().manual_seed(0)
+    generator = generator_on(device, 0)
     baseline = autoregressive_generate(target, prompt, max_new_tokens=30, sampling=sampling, generator=generator)
     assert torch.equal(baseline.sequences, expected)
     out = speculative_generate(target, draft, prompt, max_new_tokens=30, num_draft_tokens=3, sampling=sampling,
@@ -225,10 +228,10 @@ def test_num_draft_tokens_takes_integer_likes_and_names_the_rest(pair):
             speculative_generate(target, draft, torch.tensor([[3, 4]]), num_draft_tokens=k, **kwargs)
 
 
-def test_schedule_returning_zero_takes_plain_target_steps(close_pair):
+def test_schedule_returning_zero_takes_plain_target_steps(close_pair, device):
     """K = 0 from a schedule is one target step: greedy output unchanged, counts consistent."""
-    target, draft = close_pair
-    prompt = torch.tensor([[3, 4]])
+    target, draft = (model.to(device) for model in close_pair)
+    prompt = torch.tensor([[3, 4]], device=device)
     schedule = ScriptedSchedule([0, 3, 0, np.int64(2)] * 10)
     out = speculative_generate(target, draft, prompt, max_new_tokens=40, num_draft_tokens=schedule, sampling=GREEDY)
     assert torch.equal(out.sequences, greedy_reference(target, prompt, 40))

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import make_model, noisy_copy
+from conftest import generator_on, make_model, noisy_copy
 
 from specdec_ref import (
     HeuristicDraftLength,
@@ -19,11 +19,12 @@ GREEDY = SamplingConfig(temperature=0.0)
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_cached_and_uncached_greedy_are_identical(family, k):
+def test_cached_and_uncached_greedy_are_identical(family, k, device):
     """300+ new tokens: the cached decoder emits exactly what the cache-free one does."""
     target = make_model(family, layers=2, seed=1)
-    draft = noisy_copy(target, noise=0.3, seed=3)
-    prompt = torch.tensor([[7, 8, 9]])
+    draft = noisy_copy(target, noise=0.3, seed=3).to(device)
+    target = target.to(device)
+    prompt = torch.tensor([[7, 8, 9]], device=device)
     kwargs = {"max_new_tokens": 320, "num_draft_tokens": k, "sampling": GREEDY}
     cached = speculative_generate(target, draft, prompt, use_cache=True, **kwargs)
     uncached = speculative_generate(target, draft, prompt, use_cache=False, **kwargs)
@@ -41,37 +42,40 @@ def assert_cache_matches_fresh_pass(source: CachedForward, sequence: torch.Tenso
     source.rollback(sequence.size(1) - 1)  # undo the check's own step
 
 
-def run_step(target_model, draft_model, k, *, eos=frozenset(), steps=1, sampling=GREEDY):
+def run_step(target_model, draft_model, k, *, eos=frozenset(), steps=1, sampling=GREEDY, device="cpu"):
     """Run `steps` iterations from a fixed prompt; return the caches, sequence and last record."""
     target, draft = CachedForward(target_model), CachedForward(draft_model)
-    sequence = torch.tensor([[5, 6, 7, 8]])
-    generator = torch.Generator().manual_seed(0)
+    sequence = torch.tensor([[5, 6, 7, 8]], device=device)
+    generator = generator_on(device, 0)
     for _ in range(steps):
         sequence, record, _ = speculative_step(target, draft, sequence, k, sampling, generator, set(eos))
     return target, draft, sequence, record
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_rollback_restores_logits_in_every_case(family):
+def test_rollback_restores_logits_in_every_case(family, device):
     """0 accepted, some accepted, all accepted + bonus, EOS inside the block, K = 0."""
     target_model = make_model(family, layers=2, seed=1)
+    noisy = noisy_copy(target_model, noise=0.1, seed=3).to(device)  # the noise is drawn on the CPU
+    target_model = target_model.to(device)
     seen = set()
     cases = {
-        "none accepted": (make_model(family, layers=1, seed=9), 4, frozenset()),
-        "some accepted": (noisy_copy(target_model, noise=0.1, seed=3), 6, frozenset()),
+        "none accepted": (make_model(family, layers=1, seed=9).to(device), 4, frozenset()),
+        "some accepted": (noisy, 6, frozenset()),
         "all accepted + bonus": (target_model, 4, frozenset()),
         "budget end (K = 0)": (target_model, 0, frozenset()),
     }
     for name, (draft_model, k, eos) in cases.items():
         for steps in (1, 3, 5):
-            target, draft, sequence, record = run_step(target_model, draft_model, k, eos=eos, steps=steps)
+            target, draft, sequence, record = run_step(target_model, draft_model, k, eos=eos, steps=steps,
+                                                       device=device)
             seen.add((name, record.num_accepted == k, record.num_accepted == 0))
             assert_cache_matches_fresh_pass(target, sequence)
             assert_cache_matches_fresh_pass(draft, sequence)
     # EOS inside an accepted block: the EOS is the 2nd of 4 accepted drafts.
-    _, _, sequence, _ = run_step(target_model, target_model, 4)
+    _, _, sequence, _ = run_step(target_model, target_model, 4, device=device)
     eos = {int(sequence[0, 5])}
-    target, draft, sequence, record = run_step(target_model, target_model, 4, eos=eos)
+    target, draft, sequence, record = run_step(target_model, target_model, 4, eos=eos, device=device)
     assert record.emitted[-1] in eos and len(record.emitted) == 2 and len(record.drafted) == 4
     assert record.num_accepted == record.num_judged == 2  # the drafts after the EOS do not count
     assert_cache_matches_fresh_pass(target, sequence)
@@ -82,15 +86,16 @@ def test_rollback_restores_logits_in_every_case(family):
     assert ("all accepted + bonus", True, False) in seen
 
 
-def test_budget_end_inside_a_block_leaves_consistent_caches():
+def test_budget_end_inside_a_block_leaves_consistent_caches(device):
     """max_new_tokens reached mid-block: K shrinks, output length is exact, caches agree."""
-    target = make_model("llama", layers=2, seed=1)
-    out = speculative_generate(target, target, torch.tensor([[5, 6]]), max_new_tokens=7, num_draft_tokens=4,
+    target = make_model("llama", layers=2, seed=1).to(device)
+    prompt = torch.tensor([[5, 6]], device=device)
+    out = speculative_generate(target, target, prompt, max_new_tokens=7, num_draft_tokens=4,
                                sampling=GREEDY)
     # Perfect draft: blocks of K + 1 = 5 tokens, then the budget allows only K = 1.
     assert [len(r.emitted) for r in out.trace] == [5, 2]
     assert [len(r.drafted) for r in out.trace] == [4, 1]
-    reference = autoregressive_generate(target, torch.tensor([[5, 6]]), max_new_tokens=7, sampling=GREEDY)
+    reference = autoregressive_generate(target, prompt, max_new_tokens=7, sampling=GREEDY)
     assert torch.equal(out.sequences, reference.sequences)
 
 
@@ -109,11 +114,12 @@ def test_cached_sampling_is_reproducible_and_uses_fewer_flops():
     "schedule",
     [lambda: HeuristicDraftLength(k=2, min_k=1, max_k=6), lambda: ModelBasedDraftLength(cost_ratio=0.1, max_k=6)],
 )
-def test_adaptive_draft_length_stays_in_bounds_and_exact(schedule):
+def test_adaptive_draft_length_stays_in_bounds_and_exact(schedule, device):
     """Adaptive K stays within [min_k, max_k] and greedy output is still the target's."""
     target = make_model("gpt2", layers=2, seed=1)
-    draft = noisy_copy(target, noise=0.2, seed=3)
-    prompt = torch.tensor([[3, 4]])
+    draft = noisy_copy(target, noise=0.2, seed=3).to(device)
+    target = target.to(device)
+    prompt = torch.tensor([[3, 4]], device=device)
     out = speculative_generate(target, draft, prompt, max_new_tokens=120, num_draft_tokens=schedule(),
                                sampling=GREEDY)
     reference = target.generate(prompt, max_new_tokens=120, min_new_tokens=120, do_sample=False)

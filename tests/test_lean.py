@@ -24,11 +24,11 @@ def qwen2_model(seed: int = 0) -> Qwen2ForCausalLM:
 
 @pytest.mark.parametrize("build", [lambda: make_model("llama", layers=2, seed=3), qwen2_model],
                          ids=["llama", "qwen2"])
-def test_logits_match_cached_forward_across_passes_and_rollbacks(build):
+def test_logits_match_cached_forward_across_passes_and_rollbacks(build, device):
     """Passes of 1 and several tokens, rollbacks to shorter lengths: logits agree to 1e-5 (float32)."""
-    model = build()
+    model = build().to(device)
     lean, cached = LeanForward(model), CachedForward(model)
-    sequence = torch.randint(2, 48, (1, 40), generator=torch.Generator().manual_seed(0))
+    sequence = torch.randint(2, 48, (1, 40), generator=torch.Generator().manual_seed(0)).to(device)
     # (length fed up to, positions asked for, rollback to afterwards)
     steps = [(12, 3, 12), (13, 1, 13), (18, 5, 14), (19, 5, 19), (20, 1, 16), (25, 9, 25)]
     for end, m, keep in steps:
@@ -40,10 +40,10 @@ def test_logits_match_cached_forward_across_passes_and_rollbacks(build):
     assert lean.forward_calls == cached.forward_calls == len(steps)
 
 
-def test_a_lean_draft_keeps_the_target_greedy_output():
+def test_a_lean_draft_keeps_the_target_greedy_output(device):
     """The lean draft changes the speed only: greedy output is the target's, token for token."""
-    target, draft = make_model("llama", layers=3, seed=1), make_model("llama", layers=1, seed=2)
-    prompt = torch.tensor([[3, 9, 4, 1, 5]])
+    target, draft = make_model("llama", layers=3, seed=1).to(device), make_model("llama", layers=1, seed=2).to(device)
+    prompt = torch.tensor([[3, 9, 4, 1, 5]], device=device)
     alone = autoregressive_generate(target, prompt, max_new_tokens=30, sampling=GREEDY)
     for k in (1, 4):
         drafter = ModelDrafter(LeanForward(draft), GREEDY)

@@ -3,7 +3,7 @@
 
 import pytest
 import torch
-from conftest import chi_square_pvalue, exact_joint_law, make_model
+from conftest import chi_square_pvalue, exact_joint_law, generator_on, make_model
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
 from specdec_ref import SamplingConfig, autoregressive_generate
@@ -95,14 +95,16 @@ def small_model(vocab: int = 5):
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(1.0), SamplingConfig(0.7, top_k=3),
                                       SamplingConfig(1.0, top_p=0.8)])
-def test_one_hot_rule_is_exact_by_enumeration(sampling):
+def test_one_hot_rule_is_exact_by_enumeration(sampling, device):
     """With q one-hot, each emitted token is distributed as p: acceptance p(x), residual p without x."""
-    model, prompt = small_model(), ids(1, 2, 3, 1, 2)
+    model, prompt = small_model().to(device), ids(1, 2, 3, 1, 2).to(device)
     proposal = PromptLookupDrafter().draft(prompt, 3, vocab_size=5)
     assert proposal.tokens.tolist() == [3, 1, 2]
-    p = target_distributions(model, prompt, proposal.tokens, sampling).double()  # (K + 1, V)
+    assert proposal.probs.device == prompt.device
+    # p from the device; the enumeration below is float64 arithmetic on the CPU.
+    p = target_distributions(model, prompt, proposal.tokens, sampling).double().cpu()  # (K + 1, V)
     p = p / p.sum(-1, keepdim=True)  # rows that sum to 1 in float64, not only in float32
-    law = emission_distribution(proposal.probs, p)
+    law = emission_distribution(proposal.probs.cpu(), p)
     assert abs(sum(law.values()) - 1) < 1e-12
     for i in range(4):
         # Token i, given the first i drafts were accepted, follows p_i.
@@ -121,47 +123,49 @@ def test_one_hot_rule_is_exact_by_enumeration(sampling):
             assert torch.allclose(residual_distribution(p[0], q[0]), without_x / (1 - p[0, x]), atol=1e-12)
 
 
-def test_enumeration_shows_the_article_rule_is_biased_for_one_hot_q():
+def test_enumeration_shows_the_article_rule_is_biased_for_one_hot_q(device):
     """Resampling from p after a rejection favours the drafted token: p(x) + (1 - p(x)) p(x)."""
-    model, prompt = small_model(), ids(1, 2, 3, 1, 2)
+    model, prompt = small_model().to(device), ids(1, 2, 3, 1, 2).to(device)
     proposal = PromptLookupDrafter().draft(prompt, 1, vocab_size=5)
-    p = target_distributions(model, prompt, proposal.tokens, SamplingConfig(1.0)).double()  # (2, V)
+    p = target_distributions(model, prompt, proposal.tokens, SamplingConfig(1.0)).double().cpu()  # (2, V)
     p = p / p.sum(-1, keepdim=True)
-    first = next_token_law(emission_distribution(proposal.probs, p, rule="article"), (), 5)
+    first = next_token_law(emission_distribution(proposal.probs.cpu(), p, rule="article"), (), 5)
     x, px = int(proposal.tokens[0]), p[0, int(proposal.tokens[0])].item()
     assert abs(first[x].item() - (px + (1 - px) * px)) < 1e-12
     assert 0.5 * (first - p[0]).abs().sum().item() > 0.05
 
 
-def sample_continuations(model, prompt, sampling, runs, use_cache=True):
-    """`runs` 3-token continuations from lookup_generate, and the drafts accepted and drafted."""
-    generator = torch.Generator().manual_seed(123)
+def sample_continuations(model, prompt, sampling, runs, use_cache=True, device="cpu"):
+    """`runs` 3-token continuations of speculative_generate with prompt lookup, the drafts accepted and drafted
+    (model and prompt on `device`)."""
+    model, prompt = model.to(device), prompt.to(device)
+    generator = generator_on(device, 123)
     samples, accepted, drafted = [], 0, 0
     for _ in range(runs):
         out = speculative_generate(model, PromptLookupDrafter(), prompt, max_new_tokens=3, sampling=sampling,
-                              generator=generator, use_cache=use_cache)
+                                   generator=generator, use_cache=use_cache)
         samples.append(tuple(out.sequences[0, prompt.size(1):].tolist()))
         accepted, drafted = accepted + out.stats.accepted_tokens, drafted + out.stats.drafted_tokens
     return samples, accepted, drafted
 
 
 @pytest.mark.parametrize("sampling, use_cache", [(SamplingConfig(1.0), True), (SamplingConfig(0.7, top_k=3), False)])
-def test_sampling_matches_target_law(sampling, use_cache):
+def test_sampling_matches_target_law(sampling, use_cache, device):
     """The joint law of the first 3 tokens equals the target's (chi-square, 2000 runs)."""
     model, prompt = small_model(), ids(1, 2, 3, 1, 2)
-    law = exact_joint_law(model, prompt, sampling, 3, 5)
-    samples, accepted, drafted = sample_continuations(model, prompt, sampling, 2000, use_cache)
+    law = exact_joint_law(model, prompt, sampling, 3, 5)  # the exact law, on the CPU
+    samples, accepted, drafted = sample_continuations(model, prompt, sampling, 2000, use_cache, device)
     assert 0 < accepted < drafted  # acceptances and rejections both happened
     assert chi_square_pvalue(law, samples) > 1e-3
 
 
-def test_chi_square_rejects_the_article_rule(monkeypatch):
+def test_chi_square_rejects_the_article_rule(monkeypatch, device):
     """Power check: the same test fails when a rejection resamples from p instead of the residual."""
     model, prompt = small_model(), ids(1, 2, 3, 1, 2)
     law = exact_joint_law(model, prompt, SamplingConfig(1.0), 3, 5)
     monkeypatch.setattr(decoder_module, "accept_reject",
                         lambda tokens, q, p, generator, greedy=False: accept_reject_article(tokens, q, p, generator))
-    samples, _, _ = sample_continuations(model, prompt, SamplingConfig(1.0), 2000)
+    samples, _, _ = sample_continuations(model, prompt, SamplingConfig(1.0), 2000, device=device)
     assert chi_square_pvalue(law, samples) < 1e-6
 
 
@@ -173,10 +177,10 @@ def repetitive_prompt(seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_greedy_matches_target_generate(family, seed):
+def test_greedy_matches_target_generate(family, seed, device):
     """Temperature 0: transformers' greedy output, with and without its own prompt lookup (float32)."""
-    target = make_model(family, layers=3, seed=1)
-    prompt = repetitive_prompt(seed)
+    target = make_model(family, layers=3, seed=1).to(device)
+    prompt = repetitive_prompt(seed).to(device)
     expected = target.generate(prompt, max_new_tokens=60, min_new_tokens=60, do_sample=False)
     hf_lookup = target.generate(prompt, max_new_tokens=60, min_new_tokens=60, do_sample=False,
                                 prompt_lookup_num_tokens=10, max_matching_ngram_size=3)

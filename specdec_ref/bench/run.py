@@ -23,7 +23,7 @@ import datetime
 import json
 import platform
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from ..timing import Timing
 from .arms import MODES, Arm, ArmRunner, RunRecord, assisted_defaults, build_arms
-from .pair import RandomPairShape, bench_prompts, load_bench_pair, measure_costs
+from .pair import RANDOM_SHAPES, RandomPairShape, bench_prompts, load_bench_pair, measure_costs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BASELINE = "hf generate"
@@ -260,13 +260,17 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path | None]
     parser.add_argument("--quick", action="store_true", help="a short run: few prompts, tokens and K values")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-lean", action="store_true", help="leave out the lean-draft arms")
-    shape = RandomPairShape()
-    parser.add_argument("--random-target-layers", type=int, default=shape.target_layers)
-    parser.add_argument("--random-draft-layers", type=int, default=shape.draft_layers)
-    parser.add_argument("--random-width", type=int, default=shape.width)
-    parser.add_argument("--random-vocab", type=int, default=shape.vocab)
+    parser.add_argument("--random-shape", default="tiny", choices=sorted(RANDOM_SHAPES),
+                        help="shapes of a random pair (default: the tiny pair's); --random-* below override them")
+    parser.add_argument("--random-target-layers", type=int)
+    parser.add_argument("--random-draft-layers", type=int)
+    parser.add_argument("--random-width", type=int)
+    parser.add_argument("--random-vocab", type=int)
     args = parser.parse_args(argv)
     quick = args.quick
+    overrides = {name: getattr(args, f"random_{name}") for name in ("target_layers", "draft_layers", "width", "vocab")}
+    shape = replace(RANDOM_SHAPES[args.random_shape],
+                                **{name: value for name, value in overrides.items() if value is not None})
 
     def pick(value, full, short):
         return value if value is not None else (short if quick else full)
@@ -278,8 +282,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path | None]
         num_prompts=pick(args.num_prompts, 8, 2), prompt_tokens=pick(args.prompt_tokens, 32, 16),
         device=args.device, dtype=args.dtype, threads=args.threads, seed=args.seed,
         cost_repeats=5 if quick else 20, progress=not args.no_progress, lean=not args.no_lean,
-        shape=RandomPairShape(target_layers=args.random_target_layers, draft_layers=args.random_draft_layers,
-                              width=args.random_width, vocab=args.random_vocab),
+        shape=shape,
     )
     return config, args.out
 
