@@ -340,3 +340,18 @@ def test_training_quick_run_writes_a_loadable_pair(tmp_path):
     assert log[0].startswith("stage,step,loss") and any(row.startswith("draft,") for row in log)
     assert metrics["acceptance"]["greedy"]["matches_target_greedy"] == "2/2"
     assert Path(tmp_path / "README.md").read_text().count("|") > 20
+
+    # --draft-only: the same target, a new draft trained longer, the card rewritten.
+    target_before = (tmp_path / "target" / "model.safetensors").read_bytes()
+    draft_before = (tmp_path / "draft" / "model.safetensors").read_bytes()
+    again = main(["--quick", "--draft-only", "--draft-steps", "6", "--out", str(tmp_path), "--threads", "1"])
+    assert (tmp_path / "target" / "model.safetensors").read_bytes() == target_before
+    assert (tmp_path / "draft" / "model.safetensors").read_bytes() != draft_before
+    assert again["config"]["draft_steps"] == 6 and again["config"]["target_steps"] == metrics["config"]["target_steps"]
+    assert again["seconds"]["target"] == metrics["seconds"]["target"]
+    stages = [row.split(",")[:2] for row in (tmp_path / "training_log.csv").read_text().splitlines()[1:]]
+    assert [step for stage, step in stages if stage == "draft"] == ["2", "4", "6"]  # only the new draft's rows
+    assert any(stage == "target" for stage, _ in stages)
+    card = (tmp_path / "README.md").read_text()
+    assert "| 6 steps, distilled" in card and "--draft-only" in card
+    assert again["acceptance"]["greedy"]["matches_target_greedy"] == "2/2"

@@ -44,6 +44,7 @@ class TrainConfig:
     warmup_steps: int = 100
     weight_decay: float = 0.1  # on matrices only
     distill: bool = True  # draft trained on the target's soft labels (False: on the text)
+    draft_only: bool = False  # keep out_dir's tokenizer and trained target; train (and measure) a new draft
     bf16: bool = True  # bfloat16 autocast for training (evaluation is float32)
     device: str | None = None  # None: CUDA when available, else CPU
     log_every: int = 10  # steps between rows of training_log.csv

@@ -16,6 +16,9 @@ well under an hour on 2 CPU cores otherwise:
    `speculative_generate`, per-token latencies; the numbers go to `metrics.json` and
    the model card `README.md`.
 
+`--draft-only` keeps a trained folder's tokenizer and target and trains a new draft against
+it (e.g. distilled for longer), then measures the pair and rewrites the card.
+
 Invariant: the same seed, Python installation and hardware give the same tokenizer,
 the same training batches and the same weights; the card only reports measured values.
 """
@@ -35,7 +38,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+)
 
 from .config import DEFAULT_OUT, ModelShape, TrainConfig
 from .corpus import CorpusConfig, load_corpus
@@ -177,27 +186,35 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: the package's)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--target-steps", type=int, default=TrainConfig.target_steps)
-    parser.add_argument("--draft-steps", type=int, default=TrainConfig.draft_steps)
+    parser.add_argument("--target-steps", type=int, default=None,
+                        help=f"default {TrainConfig.target_steps} (--quick: 4)")
+    parser.add_argument("--draft-steps", type=int, default=None, help=f"default {TrainConfig.draft_steps} (--quick: 4)")
     parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: CUDA when available)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--no-distill", action="store_true", help="train the draft on the text instead")
     parser.add_argument("--no-bf16", action="store_true", help="train in float32")
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny corpus, models and step counts")
     parser.add_argument("--eval-only", action="store_true", help="re-measure a trained folder, rewrite the card")
+    parser.add_argument("--draft-only", action="store_true",
+                        help="keep the folder's tokenizer and target, train a new draft (e.g. with more --draft-steps)")
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    config = TrainConfig(out_dir=args.out, seed=args.seed, target_steps=args.target_steps,
-                         draft_steps=args.draft_steps, device=device, distill=not args.no_distill,
-                         bf16=not args.no_bf16)
+    steps = {"target_steps": 4, "draft_steps": 4} if args.quick else {}
+    for name in ("target_steps", "draft_steps"):
+        if getattr(args, name) is not None:
+            steps[name] = getattr(args, name)
+    config = TrainConfig(out_dir=args.out, seed=args.seed, **steps, device=device, distill=not args.no_distill,
+                         bf16=not args.no_bf16, draft_only=args.draft_only)
     if args.quick:
-        config = replace(config, vocab_size=384, context=64, batch_size=4, target_steps=4, draft_steps=4,
+        config = replace(config, vocab_size=384, context=64, batch_size=4,
                          warmup_steps=2, target=ModelShape(2, 64, 4, 2, 128), draft=ModelShape(1, 32, 2, 2, 64),
                          log_every=2, eval_tokens=256, num_prompts=2, new_tokens=8,
                          corpus=CorpusConfig(max_documents=120))
-    return remeasure(config) if args.eval_only else run(config)
+    if args.eval_only:
+        return remeasure(config)
+    return retrain_draft(config) if args.draft_only else run(config)
 
 
 def remeasure(config: TrainConfig) -> dict:
@@ -208,6 +225,54 @@ def remeasure(config: TrainConfig) -> dict:
     held_out_ids = encode(tokenizer, [d.text for d in load_corpus(config.corpus).held_out])  # (N_held_out,)
     trained = metrics["config"]
     metrics.update(evaluate_tiny(out, held_out_ids, replace(config, context=trained["context"], seed=trained["seed"])))
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    write_card(out, metrics)
+    return metrics
+
+
+def retrain_draft(config: TrainConfig) -> dict:
+    """Train a new draft against the folder's trained target; measure the pair, rewrite the card.
+
+    The tokenizer and the target are read from `out_dir` as `load_pair` reads them (the
+    target's float16 weights, in float32), so the draft imitates the target that ships. The
+    target's shape, steps and training time in the card stay those of the run that trained it.
+    """
+    config = replace(config, device=config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    out = Path(config.out_dir)
+    previous = json.loads((out / "metrics.json").read_text())
+    trained = previous["config"]
+    config = replace(config, vocab_size=trained["vocab_size"], context=trained["context"],
+                     target=ModelShape(**trained["target"]), target_steps=trained["target_steps"],
+                     target_lr=trained["target_lr"])
+    t0 = time.perf_counter()
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(out / "target")
+    target = AutoModelForCausalLM.from_pretrained(out / "target", dtype=torch.float32).eval()
+    corpus = load_corpus(config.corpus)
+    train_ids = encode(tokenizer, [d.text for d in corpus.train])  # (N_train,)
+    held_out_ids = encode(tokenizer, [d.text for d in corpus.held_out])  # (N_held_out,)
+    # The log keeps the target's rows; the old draft's rows give way to the new draft's.
+    rows = list(csv.reader((out / "training_log.csv").read_text().splitlines()))
+    with open(out / "training_log.csv", "w", newline="", buffering=1) as handle:
+        csv.writer(handle).writerows(row for row in rows if row and row[0] != "draft")
+        draft = build_model(config.draft, tokenizer, config.context, config.seed + 1)
+        draft_seconds = train_model(draft, train_ids, config, stage="draft", steps=config.draft_steps,
+                                    lr=config.draft_lr, log=csv.writer(handle),
+                                    teacher=target.to(config.device) if config.distill else None)
+    save_half(draft.float().cpu(), tokenizer, out / "draft")
+    seconds = previous["seconds"]
+    metrics = {
+        **previous,
+        "config": json.loads(json.dumps(asdict(config), default=str)),
+        "params": {"target": previous["params"]["target"], "draft": num_params(draft)},
+        "seconds": {**seconds, "draft": round(draft_seconds, 1),
+                    "total_training": round(seconds["total_training"] - seconds["draft"] + draft_seconds, 1)},
+        "device": config.device, "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+        "notes": previous.get("notes", []) + [
+            f"The draft was retrained with `--draft-only` ({config.draft_steps} steps, "
+            f"{(time.perf_counter() - t0) / 60:.1f} min with data) against the target trained earlier; "
+            "the target's figures are those of the run that trained it."],
+    }
+    metrics.update(evaluate_tiny(out, held_out_ids, config))
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     write_card(out, metrics)
     return metrics
