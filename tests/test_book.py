@@ -12,6 +12,7 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from specdec_ref.notebook import CPU_PAIR, GPU_PAIR, PAIR_ENV, choose_pair
@@ -219,3 +220,17 @@ def test_widget_modules_find_their_fonts_in_the_manager_folder():
     assert defined and defined <= set(offline_assets.WIDGET_MODULES), defined - set(offline_assets.WIDGET_MODULES)
     fonts = [p for p in bundle.parent.iterdir() if p.suffix in {".woff", ".woff2", ".ttf"}]
     assert fonts, "the manager's fonts are not next to it"
+
+
+def test_parting_finds_where_greedy_outputs_differ_and_how_near_a_tie():
+    """None when equal; else the first differing index and the target's probability gap there."""
+    from specdec_ref.notebook import open_pair
+
+    pair = open_pair("tiny")
+    ids = pair.encode("import os\n")[0].tolist()
+    assert pair.parting(ids, list(ids)) is None
+    p = pair.target_model(torch.tensor([ids])).logits[0, -1].float().softmax(-1)
+    best, other = p.topk(2).indices.tolist()
+    i, gap = pair.parting(ids + [best], ids + [other])
+    assert i == len(ids) and gap == pytest.approx((p[best] - p[other]).item(), abs=1e-6)
+    assert pair.parting(ids, ids + [best]) == (len(ids), float("inf"))  # one is a prefix of the other

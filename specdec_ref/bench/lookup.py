@@ -197,8 +197,8 @@ def main() -> None:
                     row = next(r for r in rows if r["source"] == prompt["source"])["methods"]["lookup"]
                     new, target_passes = new + row["new_tokens"], target_passes + row["target_passes"]
                     continue
-                out = speculative_generate(target, PromptLookupDrafter(MAX_NGRAM_SIZE, k, occurrence), prompt["ids"],
-                                      **common)
+                drafter_k = PromptLookupDrafter(MAX_NGRAM_SIZE, k, occurrence)
+                out = speculative_generate(target, drafter_k, prompt["ids"], **common)
                 new, target_passes = new + out.stats.new_tokens, target_passes + out.stats.target_calls
             entry[f"{set_name}_tokens_per_target_pass"] = round(new / target_passes, 3)
         sweep.append(entry)

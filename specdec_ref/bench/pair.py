@@ -31,7 +31,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 from ..lean import LeanForward, lean_unsupported
 from ..measure import measure_pass_latency
 from ..timing import time_call
-from ..validation import context_length, vocab_size
+from ..validation import context_length, model_device, vocab_size
 
 # Prompts for a pair with a tokenizer when `specdec_ref.training.corpus` cannot provide held-out ones.
 FALLBACK_PROMPTS = (
@@ -259,7 +259,7 @@ def measure_costs(pair: BenchPair, *, context: int, max_k: int = 8, repeats: int
 def lean_pass_seconds(model: PreTrainedModel, context: int, repeats: int = 20, warmup: int = 3) -> float:
     """Median time of one 1-token `LeanForward` pass after `context` cached tokens."""
     lean = LeanForward(model, max_length=context + 1)
-    device = next(model.parameters()).device
+    device = model_device(model)
     sequence = torch.randint(0, vocab_size(model), (1, context + 1), device=device)
     lean.last_logits(sequence[:, :context], 1)  # fill the cache
 

@@ -270,7 +270,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path | None]
     quick = args.quick
     overrides = {name: getattr(args, f"random_{name}") for name in ("target_layers", "draft_layers", "width", "vocab")}
     shape = replace(RANDOM_SHAPES[args.random_shape],
-                                **{name: value for name, value in overrides.items() if value is not None})
+                    **{name: value for name, value in overrides.items() if value is not None})
 
     def pick(value, full, short):
         return value if value is not None else (short if quick else full)

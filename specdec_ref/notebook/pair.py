@@ -114,6 +114,21 @@ class BookPair:
         """How far two computations of the same probabilities may differ in this dtype."""
         return TOLERANCES[self.dtype]
 
+    @torch.no_grad()
+    def parting(self, ours: Sequence[int], theirs: Sequence[int]) -> tuple[int, float] | None:
+        """Where two greedy token lists first differ, and how near a tie it was.
+
+        Returns None when they agree; else (i, gap): the first index where they differ
+        and |p(ours[i]) - p(theirs[i])| under the target's distribution after ours[:i].
+        Half precision can flip a near-tie (gap below `tolerance`); anything wider is a bug.
+        """
+        i = next((j for j, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None)
+        if i is None:
+            return None if len(ours) == len(theirs) else (min(len(ours), len(theirs)), float("inf"))
+        ids = torch.tensor([list(ours[:i])], device=self.device)  # (1, i)
+        p = self.target_model(ids).logits[0, -1].float().softmax(-1)  # the target's p at token i
+        return i, abs(p[ours[i]] - p[theirs[i]]).item()
+
     def describe(self) -> str:
         """Three short lines: the pair and its sizes, the vocabulary, the device and dtype."""
         def millions(model: PreTrainedModel) -> str:

@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
                          corpus=CorpusConfig(max_documents=120))
     if args.eval_only:
         return remeasure(config)
-    return retrain_draft(config) if args.draft_only else run(config)
+    return retrain_draft(config) if config.draft_only else run(config)
 
 
 def remeasure(config: TrainConfig) -> dict:
@@ -267,7 +267,7 @@ def retrain_draft(config: TrainConfig) -> dict:
         "seconds": {**seconds, "draft": round(draft_seconds, 1),
                     "total_training": round(seconds["total_training"] - seconds["draft"] + draft_seconds, 1)},
         "device": config.device, "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-        "notes": previous.get("notes", []) + [
+        "notes": [  # replaces any note about an earlier draft
             f"The draft was retrained with `--draft-only` ({config.draft_steps} steps, "
             f"{(time.perf_counter() - t0) / 60:.1f} min with data) against the target trained earlier; "
             "the target's figures are those of the run that trained it."],
