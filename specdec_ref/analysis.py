@@ -256,15 +256,14 @@ def load_benchmark(path: str | Path) -> dict:
 def predicted_vs_measured(benchmark: Mapping | str | Path) -> list[SpeedupRow]:
     """Predicted and measured speedups of the cached, fixed-K specdec_ref arms.
 
-    Uses the report's measured `cost_ratio` and `verify_cost` table; arms
-    without an alpha, or whose K has no measured verification cost, get a nan
-    prediction. Two predictions separate the two halves of the model:
-    `predicted_speedup` starts from alpha, `cost_model_speedup` from the
-    tokens per target call actually measured.
+    Uses the report's measured `verify_cost` table and the c each arm pays
+    (`arm_cost_ratio`); arms without an alpha, or whose K has no measured
+    verification cost, get a nan prediction. Two predictions separate the
+    two halves of the model: `predicted_speedup` starts from alpha,
+    `cost_model_speedup` from the tokens per target call actually measured.
     """
     data = (benchmark if isinstance(benchmark, Mapping)
             else load_benchmark(benchmark))
-    cost_ratio = float(data["cost_ratio"])
     costs = {int(key): float(value)
              for key, value in (data.get("verify_cost") or {}).items()}
     rows = []
@@ -284,13 +283,27 @@ def predicted_vs_measured(benchmark: Mapping | str | Path) -> list[SpeedupRow]:
         measured = _number(arm.get("speedup"))
         tokens = (expected_tokens(alpha, k) if not math.isnan(alpha)
                   else float("nan"))
-        cost = (iteration_cost(k, cost_ratio, costs) if k in costs
-                else float("nan"))
+        cost = (iteration_cost(k, arm_cost_ratio(data, arm), costs)
+                if k in costs else float("nan"))
         rows.append(SpeedupRow(str(arm.get("name", "")),
                                str(arm.get("mode", "")), k, alpha, tokens,
                                efficiency, tokens / cost, efficiency / cost,
                                measured))
     return rows
+
+
+def arm_cost_ratio(benchmark: Mapping, arm: Mapping) -> float:
+    """The c an arm of a report paid: its draft's (lean or not), timed
+    right after a target pass as in the loop where the report has that.
+
+    A draft pass timed alone finds its weights in the CPU's caches; in the
+    loop the target's pass has just evicted them.
+    """
+    lean = bool(arm.get("lean")) or str(arm.get("name", "")).endswith(" lean")
+    keys = (("lean_loop_cost_ratio", "lean_cost_ratio") if lean
+            else ("loop_cost_ratio", "cost_ratio"))
+    found = [benchmark[key] for key in keys if benchmark.get(key) is not None]
+    return float(found[0] if found else benchmark["cost_ratio"])
 
 
 def speedup_by_k(benchmark: Mapping | str | Path, *, mode: str,

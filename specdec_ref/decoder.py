@@ -139,8 +139,11 @@ def speculative_step(
                              vocab_size(target.model))  # (K, V)
     p = target_distributions(target, sequence, proposal.tokens,
                              sampling)  # (K + 1, V)
+    # A model's drafts and q rows are well formed by construction (only
+    # their finiteness is checked); any other drafter's are checked in full.
     emitted = accept_reject(proposal.tokens, proposal.probs, p, generator,
-                            greedy=sampling.greedy)
+                            greedy=sampling.greedy,
+                            trusted=isinstance(drafter, ModelDrafter))
     num_accepted = len(emitted) - 1
     emitted, hit_eos = cut_after_eos(emitted, eos)
     # An EOS among the accepted drafts ends the block: the drafts after it

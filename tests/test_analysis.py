@@ -13,6 +13,7 @@ from specdec_ref.acceptance import acceptance_beta, alpha_from_trace, measure_al
 from specdec_ref.analysis import (
     accepted_count_distribution,
     alpha_from_block_efficiency,
+    arm_cost_ratio,
     expected_acceptance_rate,
     expected_speedup,
     expected_tokens,
@@ -217,6 +218,20 @@ def test_predicted_vs_measured_reads_cached_fixed_k_specdec_arms(tmp_path):
     assert math.isnan(rows[1].block_efficiency)
     assert math.isnan(rows[2].predicted_speedup) and math.isnan(rows[2].cost_model_speedup)  # no measured v(8)
     assert [r.predicted_speedup for r in predicted_vs_measured(report)][:2] == [r.predicted_speedup for r in rows][:2]
+
+
+def test_each_arm_is_predicted_with_the_c_its_draft_paid_in_the_loop():
+    """Lean arms use the lean draft's c, and the loop's c (timed after a target pass) wins where present."""
+    arm = {"name": "specdec_ref k=2", "impl": "specdec_ref", "mode": "greedy", "k": 2, "speedup": 1.2,
+           "alpha_per_token": 0.6}
+    lean_arm = {**arm, "name": "specdec_ref k=2 lean", "lean": True}
+    report = {"cost_ratio": 0.1, "lean_cost_ratio": 0.05, "verify_cost": {"2": 1.2}, "arms": [arm, lean_arm]}
+    assert [arm_cost_ratio(report, a) for a in (arm, lean_arm)] == [0.1, 0.05]
+    looped = {**report, "loop_cost_ratio": 0.15, "lean_loop_cost_ratio": 0.08}
+    assert [arm_cost_ratio(looped, a) for a in (arm, lean_arm)] == [0.15, 0.08]
+    rows = predicted_vs_measured(looped)
+    assert [r.predicted_speedup for r in rows] == pytest.approx(
+        [expected_tokens(0.6, 2) / (2 * c + 1.2) for c in (0.15, 0.08)])
 
 
 def test_bad_arguments_raise_value_errors_naming_them():

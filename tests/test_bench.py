@@ -35,14 +35,16 @@ def test_bench_writes_the_report_it_returns(bench_run):
     """The JSON file holds the report, with the top-level keys and the pass costs the analysis reads."""
     returned, written = bench_run
     assert written == json.loads(json.dumps(returned))
-    assert set(written) == {"meta", "cost_ratio", "lean_cost_ratio", "verify_cost", "arms", "greedy_identical",
-                            "greedy_mismatches"}
+    assert set(written) == {"meta", "cost_ratio", "lean_cost_ratio", "loop_cost_ratio", "lean_loop_cost_ratio",
+                            "verify_cost", "arms", "greedy_identical",
+                            "greedy_mismatches", "headline"}
     meta = written["meta"]
     for key in ("pair", "device", "dtype", "torch", "transformers", "date", "prompts", "max_new_tokens", "repeats",
                 "threads"):
         assert key in meta, key
     assert meta["pair"] == "random" and meta["max_new_tokens"] == 12 and meta["threads"] == 1
     assert written["cost_ratio"] > 0 and written["lean_cost_ratio"] > 0  # the random draft is Llama-style
+    assert written["loop_cost_ratio"] > 0 and written["lean_loop_cost_ratio"] > 0
     assert set(written["verify_cost"]) == {str(k) for k in range(1, 9)}
     assert all(v > 0 for v in written["verify_cost"].values())
 
@@ -70,6 +72,22 @@ def test_bench_runs_every_arm_in_every_mode(bench_run):
                 assert 0 <= arm["alpha"] <= 1
             if arm["k"] is not None:
                 assert arm["mean_k"] <= arm["k"]
+            # The passes each arm paid in its own loop: a draft pass only where it drafted.
+            assert arm["target_pass_ms"] > 0 and arm["lean"] == arm["name"].endswith(" lean")
+            assert (arm["draft_pass_ms"] is None) == (arm["draft_calls_per_token"] == 0)
+
+
+def test_headline_names_the_fastest_speculative_arm_of_each_mode(bench_run):
+    """The headline picks, per mode, the fastest cached specdec_ref arm and the fastest assisted arm."""
+    _, report = bench_run
+    for mode in MODES:
+        best = report["headline"][mode]
+        arms = {a["name"]: a for a in report["arms"] if a["mode"] == mode}
+        ours = [a for a in arms.values() if a["impl"] == "specdec_ref" and a["schedule"] and a["use_cache"]]
+        assert best["speedup"] == max(a["speedup"] for a in ours) == arms[best["best_arm"]]["speedup"]
+        assert arms[best["best_assisted"]]["impl"] == "transformers"
+        assert best["over_assisted"] == pytest.approx(best["speedup"] / best["assisted_speedup"])
+        assert f"{mode}: fastest speculative arm {best['best_arm']}" in format_table(report)
 
 
 def test_bench_greedy_arms_match_the_baseline(bench_run):

@@ -1,5 +1,6 @@
 """speculative_generate reproduces the target: greedy token for token, sampling in law."""
 
+import copy
 
 import pytest
 import torch
@@ -176,3 +177,15 @@ def test_temperature_errors_name_the_argument():
         SamplingConfig(top_p=0)
     with pytest.raises(ValueError, match="top_k"):
         SamplingConfig(top_k=0)
+
+
+def test_non_finite_logits_raise_instead_of_emitting_garbage(pair):
+    """A model whose logits are NaN is refused with a clear error at T = 1."""
+    target, draft = pair
+    broken = copy.deepcopy(target)
+    with torch.no_grad():
+        broken.get_output_embeddings().weight.fill_(float("nan"))
+    prompt = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match="non-finite"):
+        speculative_generate(broken, draft, prompt, max_new_tokens=4,
+                             generator=torch.Generator().manual_seed(0))

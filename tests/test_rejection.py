@@ -172,3 +172,18 @@ def test_malformed_inputs_raise_clear_errors(tokens, q, p, match):
     """NaN, zero draft mass, wrong shapes and out-of-range tokens name the argument."""
     with pytest.raises(ValueError, match=match):
         accept_reject(tokens, q, p)
+
+
+def test_trusted_blocks_emit_the_same_tokens_and_still_refuse_nan():
+    """The decoder's fast path (trusted=True) skips only the checks that hold by
+    construction: same draws from the same generator, and NaN rows still raise."""
+    q, p = peaked(Q_ROWS).float(), peaked(P_ROWS).float()
+    for seed in range(50):
+        tokens = torch.multinomial(q, 1, generator=torch.Generator().manual_seed(seed))[:, 0]
+        full = accept_reject(tokens, q, p, torch.Generator().manual_seed(seed))
+        fast = accept_reject(tokens, q, p, torch.Generator().manual_seed(seed), trusted=True)
+        assert fast == full
+    broken = p.clone()
+    broken[1, 2] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        accept_reject(tokens, q, broken, trusted=True)

@@ -169,6 +169,8 @@ class RunRecord:
     accepted: int | None  # accepted drafts
     judged: int | None = None  # drafts the target judged (specdec_ref only; none after a rejection)
     iterations: int = 0  # draft-verify rounds (target passes for the transformers arms)
+    target_seconds: float = 0.0  # time inside the target's forward passes
+    draft_seconds: float = 0.0  # time inside the draft's forward passes
 
 
 class ArmRunner:
@@ -204,7 +206,8 @@ class ArmRunner:
                                f"expected max_new_tokens={self.max_new_tokens}: is EOS really off?")
         calls, seconds = dict(self.meter.calls), sum(self.meter.seconds.values())
         record = RunRecord(tokens, wall, seconds, calls["target"], calls["draft"], None, None,
-                           iterations=calls["target"])
+                           iterations=calls["target"], target_seconds=self.meter.seconds["target"],
+                           draft_seconds=self.meter.seconds["draft"])
         if stats is not None:  # specdec_ref: exact counters from the decoder
             if arm.speculative:
                 record.drafted, record.accepted = stats.drafted_tokens, stats.accepted_tokens
@@ -262,7 +265,12 @@ class ArmRunner:
         if arm.schedule == "heuristic":
             return HeuristicDraftLength()
         verify_cost = self.costs.verify_cost
-        cost_ratio = self.costs.lean_cost_ratio if arm.lean else self.costs.cost_ratio
+        # The schedule plans with the c the loop pays (draft passes after a target pass).
+        costs = self.costs
+        if arm.lean:
+            cost_ratio = costs.lean_loop_cost_ratio or costs.lean_cost_ratio
+        else:
+            cost_ratio = costs.loop_cost_ratio or costs.cost_ratio
         return ModelBasedDraftLength(cost_ratio=cost_ratio, verify_cost=verify_cost, max_k=max(verify_cost))
 
 

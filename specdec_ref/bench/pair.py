@@ -14,7 +14,9 @@ agree. The costs are those of the real shapes; alpha comes from this constructio
 `measure_costs` times single cached passes with `measure.measure_pass_latency` (the
 `kv_cache.CachedForward` path the decoder uses): c = draft 1-token pass / target 1-token pass, and v(K) = target pass
 over K + 1 tokens / target 1-token pass (what `analysis` calls the cost ratio and the
-verification cost).
+verification cost). Timed alone, a draft pass finds its weights in the CPU's caches; in
+the decoder it runs right after a target pass has streamed the target's weights through
+them, and costs more. `loop_draft_seconds` times it that way: the loop's c.
 
 Invariant: every pair returned here has EOS switched off in both models' generation
 configs, so every arm of the benchmark produces exactly `max_new_tokens` tokens.
@@ -23,6 +25,7 @@ configs, so every arm of the benchmark produces exactly `max_new_tokens` tokens.
 from __future__ import annotations
 
 import importlib
+import time
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +33,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from ..lean import LeanForward, lean_unsupported
 from ..measure import measure_pass_latency
-from ..timing import time_call
+from ..kv_cache import CachedForward
+from ..timing import Timing, synchronize, time_call
 from ..validation import context_length, model_device, vocab_size
 
 # Prompts for a pair with a tokenizer when `specdec_ref.training.corpus` cannot provide held-out ones.
@@ -217,6 +221,8 @@ class PassCosts:
     target_seconds: float  # median time of one target 1-token pass
     context: int  # tokens already in the cache when timed
     lean_cost_ratio: float | None = None  # c with the draft run by `lean.LeanForward` (None: unsupported)
+    loop_cost_ratio: float | None = None  # c of draft passes timed right after a target pass, as in the loop
+    lean_loop_cost_ratio: float | None = None  # the same with the lean draft
 
 
 def measure_costs(pair: BenchPair, *, context: int, max_k: int = 8, repeats: int = 20,
@@ -250,10 +256,46 @@ def measure_costs(pair: BenchPair, *, context: int, max_k: int = 8, repeats: int
     for k in range(1, max_k + 1):
         one = pass_seconds(pair.target_model, 1)
         verify_cost[k] = pass_seconds(pair.target_model, k + 1) / one
-    lean_ratio = None
+    lean_ratio = lean_loop = None
+    loop = loop_draft_seconds(pair, CachedForward(pair.draft_model), context, repeats=repeats,
+                              warmup=warmup) / pass_seconds(pair.target_model, 1)
     if lean_unsupported(pair.draft_model) is None:
         lean_ratio = lean_pass_seconds(pair.draft_model, context, repeats, warmup) / pass_seconds(pair.target_model, 1)
-    return PassCosts(cost_ratio, verify_cost, target_one, context, lean_ratio)
+        lean = LeanForward(pair.draft_model, max_length=context + 8)
+        lean_loop = loop_draft_seconds(pair, lean, context, repeats=repeats,
+                                       warmup=warmup) / pass_seconds(pair.target_model, 1)
+    return PassCosts(cost_ratio, verify_cost, target_one, context, lean_ratio, loop, lean_loop)
+
+
+def loop_draft_seconds(pair: BenchPair, draft, context: int, *, k: int = 4, repeats: int = 20,
+                       warmup: int = 3) -> float:
+    """Median time of a draft 1-token pass as the decoder runs it.
+
+    Each repetition runs the target over k + 1 tokens (untimed), then times k
+    consecutive 1-token passes of `draft` (a `CachedForward` or `LeanForward` of the
+    pair's draft) and keeps their mean: the first pass after the target's finds the
+    draft's weights evicted from the CPU's caches, the later ones less so.
+    """
+    device = pair.device
+    generator = torch.Generator().manual_seed(0)
+    sequence = torch.randint(0, vocab_size(pair.target_model), (1, context + k + 1),
+                             generator=generator).to(device)  # (1, context + k + 1)
+    target = CachedForward(pair.target_model)
+    target.last_logits(sequence[:, :context], 1)  # fill both caches
+    draft.last_logits(sequence[:, :context], 1)
+    samples = []
+    for repeat in range(warmup + repeats):
+        target.last_logits(sequence, k + 1)
+        target.rollback(context)
+        synchronize(device)
+        start = time.perf_counter()
+        for i in range(1, k + 1):
+            draft.last_logits(sequence[:, :context + i], 1)  # (1, V)
+        synchronize(device)
+        if repeat >= warmup:
+            samples.append((time.perf_counter() - start) / k)
+        draft.rollback(context)
+    return Timing(tuple(samples)).median
 
 
 def lean_pass_seconds(model: PreTrainedModel, context: int, repeats: int = 20, warmup: int = 3) -> float:

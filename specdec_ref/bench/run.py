@@ -30,6 +30,7 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
+from ..analysis import predicted_vs_measured
 from ..timing import Timing
 from .arms import MODES, Arm, ArmRunner, RunRecord, assisted_defaults, build_arms
 from .pair import RANDOM_SHAPES, RandomPairShape, bench_prompts, load_bench_pair, measure_costs
@@ -112,7 +113,7 @@ def run_benchmark(config: BenchConfig) -> dict:
         baseline = next(s for s in summaries if s["mode"] == summary["mode"] and s["name"] == BASELINE)
         summary["speedup"] = summary["tokens_per_s"]["median"] / baseline["tokens_per_s"]["median"]
     mismatches = greedy_mismatches(records)
-    return {
+    report = {
         "meta": {
             "pair": pair.name, "requested_pair": config.pair, "pair_description": pair.description,
             "pair_note": pair.note, "device": str(device),
@@ -130,11 +131,32 @@ def run_benchmark(config: BenchConfig) -> dict:
         },
         "cost_ratio": costs.cost_ratio,
         "lean_cost_ratio": costs.lean_cost_ratio,
+        "loop_cost_ratio": costs.loop_cost_ratio,
+        "lean_loop_cost_ratio": costs.lean_loop_cost_ratio,
         "verify_cost": {str(k): v for k, v in costs.verify_cost.items()},
         "arms": summaries,
         "greedy_identical": (not mismatches) if "greedy" in config.modes else None,
         "greedy_mismatches": mismatches,
     }
+    report["headline"] = headline(report)
+    return report
+
+
+def headline(report: dict) -> dict:
+    """Per mode: the fastest speculative arm, its speedup over `generate` and over assisted
+    generation at its best K, its share of time outside the forward passes, and what the
+    performance model predicts for it (fixed-K arms; None for a schedule)."""
+    predicted = {(row.name, row.mode): row.predicted_speedup for row in predicted_vs_measured(report)}
+    out = {}
+    for mode in report["meta"]["modes"]:
+        arms = [arm for arm in report["arms"] if arm["mode"] == mode and arm["schedule"] is not None]
+        ours = max((a for a in arms if a["impl"] == "specdec_ref" and a["use_cache"]), key=lambda a: a["speedup"])
+        assisted = max((a for a in arms if a["impl"] == "transformers"), key=lambda a: a["speedup"])
+        out[mode] = {"best_arm": ours["name"], "speedup": ours["speedup"], "best_assisted": assisted["name"],
+                     "assisted_speedup": assisted["speedup"], "over_assisted": ours["speedup"] / assisted["speedup"],
+                     "overhead_share": ours["overhead_share"],
+                     "predicted_speedup": predicted.get((ours["name"], mode))}
+    return out
 
 
 def summarize(arm: Arm, runs: list[tuple[int, int, RunRecord]]) -> dict:
@@ -166,7 +188,17 @@ def summarize(arm: Arm, runs: list[tuple[int, int, RunRecord]]) -> dict:
         "overhead_share": Timing(tuple(overheads)).median,
         "mean_k": drafted / iterations if arm.speculative and iterations else None,
         "draft_calls_per_token": sum(r.draft_calls for r in records) / tokens if tokens else None,
+        "lean": arm.lean,
+        # Mean pass times inside the loop (the draft's pass runs right after the target's, whose
+        # weights have just streamed through the CPU caches): the c and v(K) the arm really paid.
+        "target_pass_ms": _mean_ms(sum(r.target_seconds for r in records), target_calls),
+        "draft_pass_ms": _mean_ms(sum(r.draft_seconds for r in records),
+                                  sum(r.draft_calls for r in records)),
     }
+
+
+def _mean_ms(seconds: float, calls: int) -> float | None:
+    return 1000 * seconds / calls if calls else None
 
 
 def greedy_mismatches(records: dict[Arm, list[tuple[int, int, RunRecord]]]) -> list[dict]:
@@ -204,6 +236,10 @@ def format_table(report: dict) -> str:
         + (f" (lean draft: {report['lean_cost_ratio']:.3f})" if report.get("lean_cost_ratio") else "")
         + f"; verification cost v(K): {verify}",
     ]
+    if report.get("loop_cost_ratio"):
+        lean = report.get("lean_loop_cost_ratio")
+        lines.append(f"c after a target pass, as in the loop = {report['loop_cost_ratio']:.3f}"
+                     + (f" (lean draft: {lean:.3f})" if lean else ""))
     if meta.get("hf_assisted_defaults"):
         defaults = meta["hf_assisted_defaults"]
         adapts = "adaptive" if defaults["threshold_adapts"] else "fixed: no scikit-learn"
@@ -224,6 +260,12 @@ def format_table(report: dict) -> str:
                 f"{_fmt(arm['block_efficiency'], 8, '.2f')} "
                 f"{_fmt(arm['target_calls_per_token'], 9, '.2f')} {_fmt(arm['mean_k'], 6, '.1f')} "
                 f"{arm['overhead_share']:>8.1%}")
+    for mode, best in report.get("headline", {}).items():
+        model = best["predicted_speedup"]
+        lines += ["", f"{mode}: fastest speculative arm {best['best_arm']}: {best['speedup']:.2f}x over generate, "
+                  f"{best['over_assisted']:.2f}x over {best['best_assisted']} ({best['assisted_speedup']:.2f}x), "
+                  f"{best['overhead_share']:.1%} outside the forward passes"
+                  + (f", model {model:.2f}x" if model is not None and model == model else "")]
     if report["greedy_identical"] is not None:
         verdict = "yes" if report["greedy_identical"] else f"NO, {len(report['greedy_mismatches'])} mismatches"
         lines += ["", f"greedy: every arm produced the baseline's tokens on every prompt: {verdict}"]
