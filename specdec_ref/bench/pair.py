@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
+from ..kv_cache import CachedForward
 from ..lean import LeanForward, lean_unsupported
 from ..measure import measure_pass_latency
-from ..kv_cache import CachedForward
 from ..timing import Timing, synchronize, time_call
 from ..validation import context_length, model_device, vocab_size
 
