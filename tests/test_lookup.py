@@ -163,8 +163,10 @@ def test_chi_square_rejects_the_article_rule(monkeypatch, device):
     """Power check: the same test fails when a rejection resamples from p instead of the residual."""
     model, prompt = small_model(), ids(1, 2, 3, 1, 2)
     law = exact_joint_law(model, prompt, SamplingConfig(1.0), 3, 5)
-    monkeypatch.setattr(decoder_module, "accept_reject",
-                        lambda tokens, q, p, generator, greedy=False: accept_reject_article(tokens, q, p, generator))
+    def article_rule(tokens, q, p, generator, greedy=False, trusted=False):
+        return accept_reject_article(tokens, q, p, generator)
+
+    monkeypatch.setattr(decoder_module, "accept_reject", article_rule)
     samples, _, _ = sample_continuations(model, prompt, SamplingConfig(1.0), 2000, device=device)
     assert chi_square_pvalue(law, samples) < 1e-6
 
