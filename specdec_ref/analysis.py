@@ -299,21 +299,26 @@ def arm_cost_ratio(benchmark: Mapping, arm: Mapping) -> float:
     A draft pass timed alone finds its weights in the CPU's caches; in the
     loop the target's pass has just evicted them.
     """
-    lean = bool(arm.get("lean")) or str(arm.get("name", "")).endswith(" lean")
-    keys = (("lean_loop_cost_ratio", "lean_cost_ratio") if lean
+    keys = (("lean_loop_cost_ratio", "lean_cost_ratio") if is_lean_arm(arm)
             else ("loop_cost_ratio", "cost_ratio"))
     found = [benchmark[key] for key in keys if benchmark.get(key) is not None]
     return float(found[0] if found else benchmark["cost_ratio"])
 
 
+def is_lean_arm(arm: Mapping) -> bool:
+    """Whether a report's arm drafted through `lean.LeanForward`."""
+    return bool(arm.get("lean")) or str(arm.get("name", "")).endswith(" lean")
+
+
 def speedup_by_k(benchmark: Mapping | str | Path, *, mode: str,
-                 impl: str) -> dict[int, float]:
+                 impl: str, lean: bool = False) -> dict[int, float]:
     """{K: measured speedup} of one implementation's fixed-K cached arms.
 
     Args:
         benchmark: the report, or the path of its JSON file.
         mode: the benchmark mode, e.g. "greedy" or "t1.0".
         impl: "specdec_ref" or "transformers" (assisted generation).
+        lean: the arms whose draft ran through `lean.LeanForward` instead.
 
     Returns:
         The arms' speedups over the mode's baseline, sorted by K.
@@ -323,7 +328,8 @@ def speedup_by_k(benchmark: Mapping | str | Path, *, mode: str,
     found = {arm["k"]: _number(arm.get("speedup"))
              for arm in data.get("arms", [])
              if arm.get("mode") == mode and arm.get("impl") == impl
-             and isinstance(arm.get("k"), int) and _is_cached_fixed_k(arm)}
+             and isinstance(arm.get("k"), int) and _is_cached_fixed_k(arm)
+             and is_lean_arm(arm) == lean}
     return dict(sorted(found.items()))
 
 

@@ -33,6 +33,9 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from .timing import time_call
+from .validation import model_device, vocab_size
+
 # Model types whose decoder block is exactly: RMSNorm, rotary attention (optional
 # q/k/v biases), RMSNorm, SwiGLU MLP.
 LEAN_MODEL_TYPES = ("llama", "qwen2")
@@ -169,3 +172,17 @@ def _block_weights(layer: torch.nn.Module) -> dict:
         "o": attention.o_proj.weight, "o_bias": attention.o_proj.bias,
         "gate": mlp.gate_proj.weight, "up": mlp.up_proj.weight, "down": mlp.down_proj.weight,
     }
+
+
+def lean_pass_seconds(model: PreTrainedModel, context: int, repeats: int = 20, warmup: int = 3) -> float:
+    """Median time of one 1-token `LeanForward` pass after `context` cached tokens."""
+    lean = LeanForward(model, max_length=context + 1)
+    device = model_device(model)
+    sequence = torch.randint(0, vocab_size(model), (1, context + 1), device=device)
+    lean.last_logits(sequence[:, :context], 1)  # fill the cache
+
+    def one_pass() -> None:
+        lean.last_logits(sequence, 1)
+        lean.rollback(context)
+
+    return time_call(one_pass, repeats=repeats, warmup=warmup, device=device).median

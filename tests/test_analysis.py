@@ -298,6 +298,10 @@ def test_speedup_by_k_reads_one_implementation_and_mode():
     assert speedup_by_k(report, mode="greedy", impl="specdec_ref") == {4: 1.18}
     assert speedup_by_k(report, mode="t1.0", impl="specdec_ref") == {4: 1.14}
     assert speedup_by_k(report, mode="t0.7", impl="specdec_ref") == {}
+    lean = {**report, "arms": [*report["arms"], {"name": "specdec_ref k=4 lean", "impl": "specdec_ref",
+                                                 "mode": "greedy", "k": 4, "speedup": 1.3, "lean": True}]}
+    assert speedup_by_k(lean, mode="greedy", impl="specdec_ref") == {4: 1.18}
+    assert speedup_by_k(lean, mode="greedy", impl="specdec_ref", lean=True) == {4: 1.3}
 
 
 def test_committed_benchmark_report_is_readable():
@@ -306,8 +310,11 @@ def test_committed_benchmark_report_is_readable():
 
     path = Path(__file__).resolve().parent.parent / "book" / "data" / "bench-tiny-cpu.json"
     rows = predicted_vs_measured(path)
+    report = json.loads(path.read_text())
     for mode in ("greedy", "t1.0"):
-        ks = [r.k for r in rows if r.mode == mode]
-        assert ks == list(range(1, 9))
+        for lean in (False, True):
+            ks = [r.k for r in rows if r.mode == mode and r.name.endswith(" lean") == lean]
+            assert ks == report["meta"]["k_values"]
+            assert list(speedup_by_k(path, mode=mode, impl="specdec_ref", lean=lean)) == ks
         assert list(speedup_by_k(path, mode=mode, impl="transformers")) == ks
     assert all(0 < r.alpha < 1 and 0 < r.predicted_speedup < 10 and r.measured_speedup > 0 for r in rows)

@@ -32,10 +32,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from ..kv_cache import CachedForward
-from ..lean import LeanForward, lean_unsupported
+from ..lean import LeanForward, lean_pass_seconds, lean_unsupported
 from ..measure import measure_pass_latency
-from ..timing import Timing, synchronize, time_call
-from ..validation import context_length, model_device, vocab_size
+from ..timing import Timing, synchronize
+from ..validation import context_length, vocab_size
 
 # Prompts for a pair with a tokenizer when `specdec_ref.training.corpus` cannot provide held-out ones.
 FALLBACK_PROMPTS = (
@@ -296,17 +296,3 @@ def loop_draft_seconds(pair: BenchPair, draft, context: int, *, k: int = 4, repe
             samples.append((time.perf_counter() - start) / k)
         draft.rollback(context)
     return Timing(tuple(samples)).median
-
-
-def lean_pass_seconds(model: PreTrainedModel, context: int, repeats: int = 20, warmup: int = 3) -> float:
-    """Median time of one 1-token `LeanForward` pass after `context` cached tokens."""
-    lean = LeanForward(model, max_length=context + 1)
-    device = model_device(model)
-    sequence = torch.randint(0, vocab_size(model), (1, context + 1), device=device)
-    lean.last_logits(sequence[:, :context], 1)  # fill the cache
-
-    def one_pass() -> None:
-        lean.last_logits(sequence, 1)
-        lean.rollback(context)
-
-    return time_call(one_pass, repeats=repeats, warmup=warmup, device=device).median

@@ -38,7 +38,7 @@ class TrainConfig:
     target: ModelShape = ModelShape(layers=7, width=384, heads=6, kv_heads=2, ffn=1024)
     draft: ModelShape = ModelShape(layers=1, width=256, heads=4, kv_heads=4, ffn=768)
     target_steps: int = 1600  # optimizer steps for the target
-    draft_steps: int = 800  # optimizer steps for the draft
+    draft_steps: int = 1800  # optimizer steps for the draft
     target_lr: float = 1.5e-3  # peak learning rate (linear warm-up, cosine decay to 10%)
     draft_lr: float = 3e-3
     warmup_steps: int = 100

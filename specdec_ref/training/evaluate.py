@@ -24,6 +24,7 @@ from transformers import PreTrainedModel
 
 from ..acceptance import measure_alpha
 from ..decoder import GenerationStats, autoregressive_generate, speculative_generate
+from ..lean import lean_pass_seconds
 from ..measure import measure_pass_latency
 from ..models import load_pair_from_folder
 from ..sampling import SamplingConfig
@@ -47,9 +48,10 @@ def perplexity(model: PreTrainedModel, ids: torch.Tensor, context: int) -> float
 
 
 def latencies_ms(passes: dict[str, tuple[PreTrainedModel, int]], *, length: int, rounds: int = 5,
-                 repeats: int = 20) -> dict[str, float]:
+                 repeats: int = 20, lean: frozenset[str] = frozenset()) -> dict[str, float]:
     """Median milliseconds of one cached pass, per name: (model, new tokens) after a cache
-    that brings the sequence to `length` tokens, timed with `measure.measure_pass_latency`.
+    that brings the sequence to `length` tokens, timed with `measure.measure_pass_latency`
+    (names in `lean`: a 1-token pass of `lean.LeanForward` over the same weights).
 
     Rounds are interleaved, which spreads the noise of a shared machine evenly over the
     passes, so their ratio (the cost ratio c) is steadier than with one long run each.
@@ -57,6 +59,9 @@ def latencies_ms(passes: dict[str, tuple[PreTrainedModel, int]], *, length: int,
     medians: dict[str, list[float]] = {name: [] for name in passes}
     for _ in range(rounds):
         for name, (model, new) in passes.items():
+            if name in lean:
+                medians[name].append(lean_pass_seconds(model, length - 1, repeats) * 1e3)
+                continue
             curve = measure_pass_latency(model, context=length - new, num_tokens=(new,), repeats=repeats, warmup=3)
             medians[name].append(curve.median_s[0] * 1e3)
     return {name: sorted(values)[len(values) // 2] for name, values in medians.items()}
@@ -96,10 +101,13 @@ def evaluate_tiny(out: Path, held_out_ids: torch.Tensor, config: TrainConfig) ->
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     prefix = held_out_ids[: min(128, config.context - 8)][None]  # (1, n)
-    latency = latencies_ms({"draft_1_token": (draft, 1), "target_1_token": (target, 1),
-                            "target_5_tokens": (target, 5)}, length=prefix.size(1))
+    latency = latencies_ms({"draft_1_token": (draft, 1), "draft_1_token_lean": (draft, 1),
+                            "target_1_token": (target, 1), "target_5_tokens": (target, 5)},
+                           length=prefix.size(1), lean=frozenset({"draft_1_token_lean"}))
     torch.set_num_threads(threads)
     latency["cost_ratio_c"] = latency["draft_1_token"] / latency["target_1_token"]
+    # The decoder's fastest draft forward: the same weights without the framework's per-call work.
+    latency["cost_ratio_c_lean"] = latency["draft_1_token_lean"] / latency["target_1_token"]
     metrics["latency_ms"] = {"cpu": cpu_name(), "threads": 1, "prefix_tokens": prefix.size(1), **latency}
     # A sample from each model on a hand-written prompt (not corpus text), greedy.
     prompt = 'import os\n\n\ndef read_config(path):\n    """'
@@ -175,6 +183,8 @@ Latencies on this machine ({lat["cpu"]}, {lat["threads"]} thread, batch 1, KV ca
 {lat["prefix_tokens"]}-token prefix, median of 5 interleaved rounds of 20 calls): draft
 {lat["draft_1_token"]:.3f} ms and target {lat["target_1_token"]:.3f} ms per token, target
 {lat["target_5_tokens"]:.3f} ms for a 5-token verification pass; cost ratio c = {lat["cost_ratio_c"]:.3f}.
+The draft's pass through `specdec_ref.lean.LeanForward` (the same weights without the framework's
+per-call work) takes {lat["draft_1_token_lean"]:.3f} ms: c = {lat["cost_ratio_c_lean"]:.3f}.
 
 ## Samples
 Greedy continuations of a hand-written prompt, 48 tokens each. Target:
