@@ -246,6 +246,7 @@ class SpeedupRow:
     # measured block efficiency / (K * c + v(K)): the cost model alone
     cost_model_speedup: float
     measured_speedup: float  # tokens/s of the arm / tokens/s of the baseline
+    lean: bool = False  # the draft ran through `lean.LeanForward`
 
 
 def load_benchmark(path: str | Path) -> dict:
@@ -288,7 +289,7 @@ def predicted_vs_measured(benchmark: Mapping | str | Path) -> list[SpeedupRow]:
         rows.append(SpeedupRow(str(arm.get("name", "")),
                                str(arm.get("mode", "")), k, alpha, tokens,
                                efficiency, tokens / cost, efficiency / cost,
-                               measured))
+                               measured, is_lean_arm(arm)))
     return rows
 
 

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 from transformers import PreTrainedModel
 
+from ..analysis import arm_cost_ratio
 from ..decoder import autoregressive_generate, speculative_generate
 from ..drafting import ModelDrafter
 from ..lean import LeanForward
@@ -266,11 +267,7 @@ class ArmRunner:
             return HeuristicDraftLength()
         verify_cost = self.costs.verify_cost
         # The schedule plans with the c the loop pays (draft passes after a target pass).
-        costs = self.costs
-        if arm.lean:
-            cost_ratio = costs.lean_loop_cost_ratio or costs.lean_cost_ratio
-        else:
-            cost_ratio = costs.loop_cost_ratio or costs.cost_ratio
+        cost_ratio = arm_cost_ratio(asdict(self.costs), {"lean": arm.lean})
         return ModelBasedDraftLength(cost_ratio=cost_ratio, verify_cost=verify_cost, max_k=max(verify_cost))
 
 

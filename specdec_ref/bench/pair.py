@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from ..kv_cache import CachedForward
+from ..kv_cache import CachedForward, LogitsSource
 from ..lean import LeanForward, lean_pass_seconds, lean_unsupported
 from ..measure import measure_pass_latency
 from ..timing import Timing, synchronize
@@ -267,7 +267,7 @@ def measure_costs(pair: BenchPair, *, context: int, max_k: int = 8, repeats: int
     return PassCosts(cost_ratio, verify_cost, target_one, context, lean_ratio, loop, lean_loop)
 
 
-def loop_draft_seconds(pair: BenchPair, draft, context: int, *, k: int = 4, repeats: int = 20,
+def loop_draft_seconds(pair: BenchPair, draft: LogitsSource, context: int, *, k: int = 4, repeats: int = 20,
                        warmup: int = 3) -> float:
     """Median time of a draft 1-token pass as the decoder runs it.
 

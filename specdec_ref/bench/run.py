@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import platform
 import sys
 from dataclasses import dataclass, field, replace
@@ -265,7 +266,7 @@ def format_table(report: dict) -> str:
         lines += ["", f"{mode}: fastest speculative arm {best['best_arm']}: {best['speedup']:.2f}x over generate, "
                   f"{best['over_assisted']:.2f}x over {best['best_assisted']} ({best['assisted_speedup']:.2f}x), "
                   f"{best['overhead_share']:.1%} outside the forward passes"
-                  + (f", model {model:.2f}x" if model is not None and model == model else "")]
+                  + (f", model {model:.2f}x" if model is not None and not math.isnan(model) else "")]
     if report["greedy_identical"] is not None:
         verdict = "yes" if report["greedy_identical"] else f"NO, {len(report['greedy_mismatches'])} mismatches"
         lines += ["", f"greedy: every arm produced the baseline's tokens on every prompt: {verdict}"]

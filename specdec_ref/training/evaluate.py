@@ -16,6 +16,7 @@ Invariant: the card quotes `metrics.json` and nothing else; no figure is typed b
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -47,24 +48,23 @@ def perplexity(model: PreTrainedModel, ids: torch.Tensor, context: int) -> float
     return math.exp(total / count)
 
 
-def latencies_ms(passes: dict[str, tuple[PreTrainedModel, int]], *, length: int, rounds: int = 5,
-                 repeats: int = 20, lean: frozenset[str] = frozenset()) -> dict[str, float]:
-    """Median milliseconds of one cached pass, per name: (model, new tokens) after a cache
-    that brings the sequence to `length` tokens, timed with `measure.measure_pass_latency`
-    (names in `lean`: a 1-token pass of `lean.LeanForward` over the same weights).
+def latencies_ms(timers: dict[str, Callable[[], float]], *, rounds: int = 5) -> dict[str, float]:
+    """Median milliseconds per name, of `rounds` calls of its timer (which returns seconds).
 
     Rounds are interleaved, which spreads the noise of a shared machine evenly over the
     passes, so their ratio (the cost ratio c) is steadier than with one long run each.
     """
-    medians: dict[str, list[float]] = {name: [] for name in passes}
+    medians: dict[str, list[float]] = {name: [] for name in timers}
     for _ in range(rounds):
-        for name, (model, new) in passes.items():
-            if name in lean:
-                medians[name].append(lean_pass_seconds(model, length - 1, repeats) * 1e3)
-                continue
-            curve = measure_pass_latency(model, context=length - new, num_tokens=(new,), repeats=repeats, warmup=3)
-            medians[name].append(curve.median_s[0] * 1e3)
+        for name, timer in timers.items():
+            medians[name].append(timer() * 1e3)
     return {name: sorted(values)[len(values) // 2] for name, values in medians.items()}
+
+
+def cached_pass_seconds(model: PreTrainedModel, new: int, length: int, repeats: int = 20) -> float:
+    """Median seconds of one cached pass over `new` tokens that brings the sequence to `length`."""
+    curve = measure_pass_latency(model, context=length - new, num_tokens=(new,), repeats=repeats, warmup=3)
+    return curve.median_s[0]
 
 
 def evaluate_tiny(out: Path, held_out_ids: torch.Tensor, config: TrainConfig) -> dict:
@@ -101,12 +101,15 @@ def evaluate_tiny(out: Path, held_out_ids: torch.Tensor, config: TrainConfig) ->
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     prefix = held_out_ids[: min(128, config.context - 8)][None]  # (1, n)
-    latency = latencies_ms({"draft_1_token": (draft, 1), "draft_1_token_lean": (draft, 1),
-                            "target_1_token": (target, 1), "target_5_tokens": (target, 5)},
-                           length=prefix.size(1), lean=frozenset({"draft_1_token_lean"}))
+    length = prefix.size(1)
+    latency = latencies_ms({
+        "draft_1_token": lambda: cached_pass_seconds(draft, 1, length),
+        # The same weights through lean.LeanForward, without the framework's per-call work.
+        "draft_1_token_lean": lambda: lean_pass_seconds(draft, length - 1),
+        "target_1_token": lambda: cached_pass_seconds(target, 1, length),
+        "target_5_tokens": lambda: cached_pass_seconds(target, 5, length)})
     torch.set_num_threads(threads)
     latency["cost_ratio_c"] = latency["draft_1_token"] / latency["target_1_token"]
-    # The decoder's fastest draft forward: the same weights without the framework's per-call work.
     latency["cost_ratio_c_lean"] = latency["draft_1_token_lean"] / latency["target_1_token"]
     metrics["latency_ms"] = {"cpu": cpu_name(), "threads": 1, "prefix_tokens": prefix.size(1), **latency}
     # A sample from each model on a hand-written prompt (not corpus text), greedy.
