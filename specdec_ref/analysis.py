@@ -262,11 +262,18 @@ def predicted_vs_measured(benchmark: Mapping | str | Path) -> list[SpeedupRow]:
     verification cost, get a nan prediction. Two predictions separate the
     two halves of the model: `predicted_speedup` starts from alpha,
     `cost_model_speedup` from the tokens per target call actually measured.
+    Both count in steps of the target as the run configured it; where the
+    report's baseline is another configuration of `generate` (a faster
+    one), they are scaled by that configuration's measured ratio.
     """
     data = (benchmark if isinstance(benchmark, Mapping)
             else load_benchmark(benchmark))
     costs = {int(key): float(value)
              for key, value in (data.get("verify_cost") or {}).items()}
+    # generate as run, over the baseline: 1 unless the baseline is a variant.
+    as_run = {arm.get("mode"): _number(arm.get("speedup"))
+              for arm in data.get("arms", [])
+              if arm.get("name") == "hf generate"}
     rows = []
     for arm in data.get("arms", []):
         if (arm.get("impl") != "specdec_ref"
@@ -286,10 +293,12 @@ def predicted_vs_measured(benchmark: Mapping | str | Path) -> list[SpeedupRow]:
                   else float("nan"))
         cost = (iteration_cost(k, arm_cost_ratio(data, arm), costs)
                 if k in costs else float("nan"))
+        scale = as_run.get(arm.get("mode"), 1.0)
         rows.append(SpeedupRow(str(arm.get("name", "")),
                                str(arm.get("mode", "")), k, alpha, tokens,
-                               efficiency, tokens / cost, efficiency / cost,
-                               measured, is_lean_arm(arm)))
+                               efficiency, scale * tokens / cost,
+                               scale * efficiency / cost, measured,
+                               is_lean_arm(arm)))
     return rows
 
 

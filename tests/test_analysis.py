@@ -218,6 +218,13 @@ def test_predicted_vs_measured_reads_cached_fixed_k_specdec_arms(tmp_path):
     assert math.isnan(rows[1].block_efficiency)
     assert math.isnan(rows[2].predicted_speedup) and math.isnan(rows[2].cost_model_speedup)  # no measured v(8)
     assert [r.predicted_speedup for r in predicted_vs_measured(report)][:2] == [r.predicted_speedup for r in rows][:2]
+    # The baseline is a faster variant of generate: generate as run is 0.8x of it, so the
+    # predictions (in steps of the target as run) scale by 0.8 in that mode only.
+    as_run = {"name": "hf generate", "impl": "transformers", "mode": "greedy", "k": None, "speedup": 0.8}
+    scaled = predicted_vs_measured({**report, "arms": [as_run, *report["arms"]]})
+    assert scaled[0].predicted_speedup == pytest.approx(0.8 * rows[0].predicted_speedup)
+    assert scaled[0].cost_model_speedup == pytest.approx(0.8 * rows[0].cost_model_speedup)
+    assert scaled[1].predicted_speedup == pytest.approx(rows[1].predicted_speedup)
 
 
 def test_each_arm_is_predicted_with_the_c_its_draft_paid_in_the_loop():

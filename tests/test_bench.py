@@ -8,13 +8,18 @@ import pytest
 import torch
 
 from specdec_ref.bench.arms import Arm, RunRecord
-from specdec_ref.bench.run import format_table, greedy_mismatches, main
+from specdec_ref.bench.run import BASELINES, format_table, greedy_mismatches, main
+from specdec_ref.packed import packing_unsupported
 
 MODES = ("greedy", "t1.0", "t0.7")
 K_VALUES = (1, 3)
 ARM_NAMES = {"hf generate", "hf assisted default", "hf assisted k=1", "hf assisted k=3", "specdec_ref autoregressive",
              "specdec_ref k=4 nocache", "specdec_ref k=1", "specdec_ref k=3", "specdec_ref heuristic",
              "specdec_ref model", "specdec_ref k=1 lean", "specdec_ref k=3 lean", "specdec_ref model lean"}
+# On a CPU that can prepack, the run packs both models and also times generate without it.
+PACKED = packing_unsupported(torch.nn.Linear(2, 2)) is None
+if PACKED:
+    ARM_NAMES |= {"hf generate plain"}
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +41,14 @@ def test_bench_writes_the_report_it_returns(bench_run):
     returned, written = bench_run
     assert written == json.loads(json.dumps(returned))
     assert set(written) == {"meta", "cost_ratio", "lean_cost_ratio", "loop_cost_ratio", "lean_loop_cost_ratio",
-                            "verify_cost", "arms", "greedy_identical",
+                            "verify_cost", "baselines", "arms", "greedy_identical",
                             "greedy_mismatches", "headline"}
     meta = written["meta"]
     for key in ("pair", "device", "dtype", "torch", "transformers", "date", "prompts", "max_new_tokens", "repeats",
                 "threads"):
         assert key in meta, key
     assert meta["pair"] == "random" and meta["max_new_tokens"] == 12 and meta["threads"] == 1
+    assert meta["linear"] == ("packed" if PACKED else "plain") and meta["attention"] == "sdpa"
     assert written["cost_ratio"] > 0 and written["lean_cost_ratio"] > 0  # the random draft is Llama-style
     assert written["loop_cost_ratio"] > 0 and written["lean_loop_cost_ratio"] > 0
     assert set(written["verify_cost"]) == {str(k) for k in range(1, 9)}
@@ -55,7 +61,9 @@ def test_bench_runs_every_arm_in_every_mode(bench_run):
     for mode in MODES:
         arms = {arm["name"]: arm for arm in report["arms"] if arm["mode"] == mode}
         assert set(arms) == ARM_NAMES
-        assert arms["hf generate"]["speedup"] == pytest.approx(1.0)
+        # The baseline is the fastest target-only generate: speedup 1, and no other variant is faster.
+        assert arms[report["baselines"][mode]]["speedup"] == pytest.approx(1.0)
+        assert all(arms[name]["speedup"] <= 1 + 1e-12 for name in BASELINES if name in arms)
         assert arms["specdec_ref k=4 nocache"]["use_cache"] is False
         assert (arms["specdec_ref k=3"]["impl"], arms["specdec_ref k=3"]["k"]) == ("specdec_ref", 3)
         assert arms["hf assisted k=3"]["schedule"] == "fixed" and arms["hf assisted default"]["schedule"] == "default"
@@ -100,6 +108,31 @@ def test_bench_greedy_arms_match_the_baseline(bench_run):
     assert all(name in table for name in ARM_NAMES)
 
 
+@pytest.mark.skipif(not PACKED, reason="this torch build cannot prepack linear layers")
+def test_bfloat16_eager_run_times_every_baseline_variant_and_stays_greedy_exact(tmp_path):
+    """bfloat16, prepacked, eager attention: generate also plain, with sdpa and in float32; the
+    baseline is the fastest of them, and every greedy arm still gives generate's tokens."""
+    argv = ["--pair", "random", "--quick", "--max-new-tokens", "12", "--k-values", "2", "--threads", "1",
+            "--modes", "greedy", "--dtype", "bfloat16", "--attention", "eager", "--random-target-layers", "2",
+            "--random-width", "64", "--random-vocab", "256", "--no-progress", "--no-lean",
+            "--out", str(tmp_path / "bench.json")]
+    threads = torch.get_num_threads()
+    try:
+        report = main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    meta = report["meta"]
+    assert (meta["dtype"], meta["linear"], meta["attention"]) == ("bfloat16", "packed", "eager")
+    variants = {"hf generate plain", "hf generate sdpa", "hf generate float32"}
+    assert set(meta["baseline_variants"]) == variants
+    arms = {arm["name"]: arm for arm in report["arms"]}
+    assert variants < set(arms)
+    fastest = max(BASELINES, key=lambda name: arms[name]["tokens_per_s"]["median"])
+    assert report["baselines"]["greedy"] == fastest and arms[fastest]["speedup"] == pytest.approx(1.0)
+    assert report["greedy_identical"] is True
+    assert "over hf generate" in format_table(report)
+
+
 def test_greedy_check_reports_a_mismatch():
     """The greedy check flags an arm whose tokens differ from the baseline's, at the first differing position."""
     baseline = Arm("hf generate", "transformers", "greedy", None, True, None)
@@ -109,8 +142,10 @@ def test_greedy_check_reports_a_mismatch():
     def record(tokens):
         return RunRecord(tokens, 1.0, 0.5, len(tokens), 0, None, None)
 
+    # A baseline variant computes in another configuration (here float32): its tokens are not compared.
+    variant = Arm("hf generate float32", "transformers", "greedy", None, True, None, variant="float32")
     records = {baseline: [(0, 0, record([5, 6, 7]))], ours: [(0, 0, record([5, 6, 7])), (1, 0, record([5, 9, 7]))],
-               sampled: [(0, 0, record([1, 2, 3]))]}
+               sampled: [(0, 0, record([1, 2, 3]))], variant: [(0, 0, record([5, 8, 7]))]}
     assert greedy_mismatches(records) == [{"arm": "specdec_ref k=2", "prompt": 0, "repeat": 1, "first_difference": 1}]
 
 

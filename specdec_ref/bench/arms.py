@@ -31,6 +31,7 @@ from ..analysis import arm_cost_ratio
 from ..decoder import autoregressive_generate, speculative_generate
 from ..drafting import ModelDrafter
 from ..lean import LeanForward
+from ..packed import set_packing
 from ..sampling import SamplingConfig
 from ..schedules import HeuristicDraftLength, ModelBasedDraftLength
 from ..timing import synchronize, time_call
@@ -55,6 +56,7 @@ class Arm:
     use_cache: bool  # whether both models keep a KV cache
     schedule: str | None  # "fixed", "heuristic", "model", "default" (transformers), None (no draft)
     lean: bool = False  # the draft runs through `lean.LeanForward` (same weights, no framework overhead)
+    variant: str | None = None  # a key of VARIANTS: `generate` on the target configured otherwise
 
     @property
     def speculative(self) -> bool:
@@ -66,8 +68,17 @@ class Arm:
         return MODES[self.mode]
 
 
+# Baseline variants: target-only `generate` with the target configured otherwise than in the
+# run, so that the baseline can take its fastest configuration within the same run.
+VARIANTS = {
+    "plain": "prepacked linear layers switched off (`packed.set_packing`)",
+    "sdpa": "attention by `scaled_dot_product_attention` (the library's default)",
+    "float32": "a float32 copy of the target, linear layers as loaded, sdpa attention",
+}
+
+
 def build_arms(modes: list[str], k_values: list[int], *, nocache_k: int = 4, model_schedule: bool = True,
-               lean: bool = False) -> list[Arm]:
+               lean: bool = False, variants: tuple[str, ...] = ()) -> list[Arm]:
     """Every arm of the benchmark, mode by mode (the baseline first in each mode).
 
     Args:
@@ -76,6 +87,8 @@ def build_arms(modes: list[str], k_values: list[int], *, nocache_k: int = 4, mod
         nocache_k: K of the `specdec_ref` arm without a KV cache.
         model_schedule: include the model-based draft length arm.
         lean: also run the fixed-K and model-schedule arms with the lean draft forward.
+        variants: keys of `VARIANTS`: also run `generate` so configured ("hf generate plain",
+            ...), so that the baseline can take the fastest configuration.
     """
     unknown = [mode for mode in modes if mode not in MODES]
     if unknown or not modes:
@@ -85,6 +98,7 @@ def build_arms(modes: list[str], k_values: list[int], *, nocache_k: int = 4, mod
     arms = []
     for mode in modes:
         arms.append(Arm("hf generate", "transformers", mode, None, True, None))
+        arms += [Arm(f"hf generate {v}", "transformers", mode, None, True, None, variant=v) for v in variants]
         arms.append(Arm("hf assisted default", "transformers", mode, None, True, "default"))
         arms += [Arm(f"hf assisted k={k}", "transformers", mode, k, True, "fixed") for k in k_values]
         arms.append(Arm("specdec_ref autoregressive", "specdec_ref", mode, None, True, None))
@@ -177,11 +191,17 @@ class RunRecord:
 class ArmRunner:
     """Runs arms on a pair, with hooks on both models and the pass costs the model schedule needs."""
 
-    def __init__(self, pair: BenchPair, *, max_new_tokens: int, costs: PassCosts) -> None:
+    def __init__(self, pair: BenchPair, *, max_new_tokens: int, costs: PassCosts,
+                 float32_target: PreTrainedModel | None = None) -> None:
         self.pair = pair
         self.max_new_tokens = max_new_tokens
         self.costs = costs
-        self.meter = ForwardMeter({"target": pair.target_model, "draft": pair.draft_model}, pair.device)
+        self.float32_target = float32_target  # the "float32" variant's model
+        models = {"target": pair.target_model, "draft": pair.draft_model}
+        if float32_target is not None:
+            models["target float32"] = float32_target
+        self.meter = ForwardMeter(models, pair.device)
+        self._attention = pair.target_model.config._attn_implementation
         self._draft_config = pair.draft_model.generation_config
 
     def close(self) -> None:
@@ -200,14 +220,19 @@ class ArmRunner:
             # config (generate(num_assistant_tokens=...) is ignored); set it before the clock starts.
             self.pair.draft_model.generation_config = self._assistant_config(arm)
         self.meter.reset()
-        wall = time_call(call, repeats=1, warmup=0, device=self.pair.device).median
+        self._configure(arm.variant)  # before the clock starts
+        try:
+            wall = time_call(call, repeats=1, warmup=0, device=self.pair.device).median
+        finally:
+            self._configure(None)
         tokens, stats = result["tokens"], result["stats"]
         if len(tokens) != self.max_new_tokens:
             raise RuntimeError(f"arm {arm.name!r} ({arm.mode}) produced {len(tokens)} tokens, "
                                f"expected max_new_tokens={self.max_new_tokens}: is EOS really off?")
         calls, seconds = dict(self.meter.calls), sum(self.meter.seconds.values())
-        record = RunRecord(tokens, wall, seconds, calls["target"], calls["draft"], None, None,
-                           iterations=calls["target"], target_seconds=self.meter.seconds["target"],
+        target = "target float32" if arm.variant == "float32" else "target"
+        record = RunRecord(tokens, wall, seconds, calls[target], calls["draft"], None, None,
+                           iterations=calls[target], target_seconds=self.meter.seconds[target],
                            draft_seconds=self.meter.seconds["draft"])
         if stats is not None:  # specdec_ref: exact counters from the decoder
             if arm.speculative:
@@ -218,9 +243,18 @@ class ArmRunner:
             record.drafted, record.accepted = calls["draft"], len(tokens) - calls["target"]
         return record
 
+    def _configure(self, variant: str | None) -> None:
+        """Set the target up for `variant` (None: as the run has it)."""
+        set_packing(self.pair.target_model, variant != "plain")
+        attention = "sdpa" if variant == "sdpa" else self._attention
+        if self.pair.target_model.config._attn_implementation != attention:
+            self.pair.target_model.set_attn_implementation(attention)
+
     def _generate(self, arm: Arm, input_ids: torch.Tensor, seed: int) -> tuple[list[int], object]:
         """The new tokens of one generation, and the decoder's stats (None for transformers)."""
         target, draft = self.pair.target_model, self.pair.draft_model
+        if arm.variant == "float32":
+            target = self.float32_target
         n = input_ids.size(1)
         if arm.impl == "transformers":
             kwargs = {"max_new_tokens": self.max_new_tokens, "attention_mask": torch.ones_like(input_ids),

@@ -8,7 +8,11 @@ repetition, so slow drifts of a shared machine (other processes, clock changes)
 spread over all arms alike. Each repetition gives one tokens/s figure per arm (all
 its tokens over all its seconds); the report gives their median and quartiles, the
 speedup over target-only `generate`, alpha, tokens per target call, and the share of
-wall time spent outside forward passes.
+wall time spent outside forward passes. On a CPU both models run with prepacked linear
+layers (`packed`, `--linear packed`, the default there) in every arm; `generate` also
+runs in the baseline variants of `arms.VARIANTS` that differ from the run (without
+prepacking, with sdpa attention, as a float32 copy), and the baseline of each mode,
+speedup 1, is the fastest of them: the baseline's fastest configuration.
 
 Invariant: in greedy mode every arm must reproduce the baseline's tokens on every
 prompt; the report says whether they did (`greedy_identical`) and lists any mismatch.
@@ -19,9 +23,9 @@ v(K), which `analysis.predicted_vs_measured` turns into predicted speedups.
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import json
-import math
 import platform
 import sys
 from dataclasses import dataclass, field, replace
@@ -32,12 +36,20 @@ import transformers
 from tqdm.auto import tqdm
 
 from ..analysis import predicted_vs_measured
+from ..packed import pack_linear_layers, packing_unsupported
+from ..rowwise import ROWWISE
 from ..timing import Timing
-from .arms import MODES, Arm, ArmRunner, RunRecord, assisted_defaults, build_arms
+from .arms import VARIANTS, Arm, ArmRunner, RunRecord, assisted_defaults, build_arms
 from .pair import RANDOM_SHAPES, RandomPairShape, bench_prompts, load_bench_pair, measure_costs
+from .table import format_table
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BASELINE = "hf generate"
+# The baseline of each mode: the fastest of target-only `generate` with the models as run and
+# its variants (`arms.VARIANTS`): the baseline's fastest configuration.
+BASELINES = (BASELINE, *(f"{BASELINE} {variant}" for variant in VARIANTS))
+ATTENTIONS = ("sdpa", "eager", ROWWISE)  # both models' attention implementation (None: as loaded)
+LINEAR_KINDS = ("auto", "packed", "plain")  # `packed`: every arm's models run `packed.PackedLinear` layers
 
 
 @dataclass
@@ -60,6 +72,8 @@ class BenchConfig:
     shape: RandomPairShape = field(default_factory=RandomPairShape)  # shapes of a random pair
     progress: bool = True  # show a progress bar
     lean: bool = True  # add arms whose draft runs through `lean.LeanForward` (Llama-style drafts only)
+    linear: str = "auto"  # a key of LINEAR_KINDS; auto: packed where `packed.packing_unsupported` allows
+    attention: str | None = None  # one of ATTENTIONS for both models (None: as loaded, sdpa)
 
     def __post_init__(self) -> None:
         for name in ("max_new_tokens", "repeats", "num_prompts", "prompt_tokens", "nocache_k", "cost_repeats"):
@@ -70,6 +84,10 @@ class BenchConfig:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be None or >= 1, got {self.threads!r}")
+        if self.linear not in LINEAR_KINDS:
+            raise ValueError(f"linear must be one of {LINEAR_KINDS}, got {self.linear!r}")
+        if self.attention is not None and self.attention not in ATTENTIONS:
+            raise ValueError(f"attention must be None or one of {ATTENTIONS}, got {self.attention!r}")
         build_arms(list(self.modes), list(self.k_values), nocache_k=self.nocache_k)  # raises on bad modes / K
 
 
@@ -79,13 +97,24 @@ def run_benchmark(config: BenchConfig) -> dict:
         torch.set_num_threads(config.threads)
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     pair = load_bench_pair(config.pair, device=device, dtype=DTYPES[config.dtype], shape=config.shape)
+    # The "float32" baseline variant: generate on a float32 copy, as loaded (made before packing).
+    float32_target = None
+    if device.type == "cpu" and config.dtype != "float32":
+        float32_target = copy.deepcopy(pair.target_model).float().eval()
+    if config.attention is not None:
+        for model in (pair.target_model, pair.draft_model):
+            model.set_attn_implementation(config.attention)
+    linear = _pack(pair, config.linear)
+    wanted = {"plain": linear == "packed", "sdpa": config.attention not in (None, "sdpa"),
+              "float32": float32_target is not None}
+    variants = tuple(name for name, chosen in wanted.items() if chosen)
     prompts, prompt_source = bench_prompts(pair, config.num_prompts, prompt_tokens=config.prompt_tokens,
                                            seed=config.seed)
     context = max(p.size(1) for p in prompts) + config.max_new_tokens // 2
     costs = measure_costs(pair, context=context, max_k=max(8, *config.k_values), repeats=config.cost_repeats)
     arms = build_arms(list(config.modes), list(config.k_values), nocache_k=config.nocache_k,
-                      lean=config.lean and costs.lean_cost_ratio is not None)
-    runner = ArmRunner(pair, max_new_tokens=config.max_new_tokens, costs=costs)
+                      lean=config.lean and costs.lean_cost_ratio is not None, variants=variants)
+    runner = ArmRunner(pair, max_new_tokens=config.max_new_tokens, costs=costs, float32_target=float32_target)
     records: dict[Arm, list[tuple[int, int, RunRecord]]] = {arm: [] for arm in arms}
     total = len(arms) * (1 + config.repeats * len(prompts))
     try:
@@ -110,9 +139,11 @@ def run_benchmark(config: BenchConfig) -> dict:
         runner.close()
 
     summaries = [summarize(arm, records[arm]) for arm in arms]
+    baselines = {mode: max((s for s in summaries if s["mode"] == mode and s["name"] in BASELINES),
+                           key=lambda s: s["tokens_per_s"]["median"]) for mode in config.modes}
     for summary in summaries:
-        baseline = next(s for s in summaries if s["mode"] == summary["mode"] and s["name"] == BASELINE)
-        summary["speedup"] = summary["tokens_per_s"]["median"] / baseline["tokens_per_s"]["median"]
+        summary["speedup"] = (summary["tokens_per_s"]["median"]
+                              / baselines[summary["mode"]]["tokens_per_s"]["median"])
     mismatches = greedy_mismatches(records)
     report = {
         "meta": {
@@ -120,7 +151,11 @@ def run_benchmark(config: BenchConfig) -> dict:
             "pair_note": pair.note, "device": str(device),
             "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
                             else platform.processor() or platform.machine()),
-            "dtype": config.dtype, "torch": torch.__version__, "transformers": transformers.__version__,
+            "dtype": config.dtype, "linear": linear,
+            "attention": pair.target_model.config._attn_implementation,
+            "baseline_variants": {f"{BASELINE} {v}": VARIANTS[v] for v in variants},
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
             "python": platform.python_version(), "date": datetime.datetime.now().astimezone().isoformat(),
             "prompts": len(prompts), "prompt_source": prompt_source,
             "prompt_lengths": [int(p.size(1)) for p in prompts], "max_new_tokens": config.max_new_tokens,
@@ -135,12 +170,23 @@ def run_benchmark(config: BenchConfig) -> dict:
         "loop_cost_ratio": costs.loop_cost_ratio,
         "lean_loop_cost_ratio": costs.lean_loop_cost_ratio,
         "verify_cost": {str(k): v for k, v in costs.verify_cost.items()},
+        "baselines": {mode: summary["name"] for mode, summary in baselines.items()},
         "arms": summaries,
         "greedy_identical": (not mismatches) if "greedy" in config.modes else None,
         "greedy_mismatches": mismatches,
     }
     report["headline"] = headline(report)
     return report
+
+
+def _pack(pair, kind: str) -> str:
+    """Prepack both models' linear layers when `kind` asks (or allows: auto); returns what was done."""
+    reason = packing_unsupported(pair.target_model)
+    if kind == "plain" or (kind == "auto" and reason is not None):
+        return "plain"
+    for model in (pair.target_model, pair.draft_model):
+        pack_linear_layers(model)  # raises with the reason when kind == "packed" cannot be done
+    return "packed"
 
 
 def headline(report: dict) -> dict:
@@ -153,7 +199,8 @@ def headline(report: dict) -> dict:
         arms = [arm for arm in report["arms"] if arm["mode"] == mode and arm["schedule"] is not None]
         ours = max((a for a in arms if a["impl"] == "specdec_ref" and a["use_cache"]), key=lambda a: a["speedup"])
         assisted = max((a for a in arms if a["impl"] == "transformers"), key=lambda a: a["speedup"])
-        out[mode] = {"best_arm": ours["name"], "speedup": ours["speedup"], "best_assisted": assisted["name"],
+        out[mode] = {"best_arm": ours["name"], "speedup": ours["speedup"], "baseline": report["baselines"][mode],
+                     "best_assisted": assisted["name"],
                      "assisted_speedup": assisted["speedup"], "over_assisted": ours["speedup"] / assisted["speedup"],
                      "overhead_share": ours["overhead_share"],
                      "predicted_speedup": predicted.get((ours["name"], mode))}
@@ -210,7 +257,8 @@ def greedy_mismatches(records: dict[Arm, list[tuple[int, int, RunRecord]]]) -> l
             reference = {index: record.tokens for _, index, record in runs}
     mismatches = []
     for arm, runs in records.items():
-        if arm.mode != "greedy":
+        # A baseline variant computes in another configuration, so its rounding may differ.
+        if arm.mode != "greedy" or arm.variant is not None:
             continue
         for repeat, index, record in runs:
             expected = reference[index]
@@ -218,64 +266,6 @@ def greedy_mismatches(records: dict[Arm, list[tuple[int, int, RunRecord]]]) -> l
                 first = next(i for i, (a, b) in enumerate(zip(record.tokens, expected, strict=True)) if a != b)
                 mismatches.append({"arm": arm.name, "prompt": index, "repeat": repeat, "first_difference": first})
     return mismatches
-
-
-def format_table(report: dict) -> str:
-    """The report as a plain-text table, one block per mode."""
-    meta = report["meta"]
-    lines = [f"pair: {meta['pair_description']}"]
-    if meta["pair_note"]:
-        lines.append(f"NOTE: {meta['pair_note']}")
-    verify = " ".join(f"{k}:{v:.2f}" for k, v in report["verify_cost"].items())
-    lines += [
-        f"device {meta['device']} ({meta['dtype']}, {meta['threads']} threads), torch {meta['torch']}, "
-        f"transformers {meta['transformers']}",
-        f"{meta['prompts']} prompts ({meta['prompt_source']}), {meta['max_new_tokens']} new tokens, "
-        f"{meta['repeats']} repeats; target 1-token pass {meta['target_pass_ms']:.2f} ms at context "
-        f"{meta['cost_context']}",
-        f"cost ratio c = {report['cost_ratio']:.3f}"
-        + (f" (lean draft: {report['lean_cost_ratio']:.3f})" if report.get("lean_cost_ratio") else "")
-        + f"; verification cost v(K): {verify}",
-    ]
-    if report.get("loop_cost_ratio"):
-        lean = report.get("lean_loop_cost_ratio")
-        lines.append(f"c after a target pass, as in the loop = {report['loop_cost_ratio']:.3f}"
-                     + (f" (lean draft: {lean:.3f})" if lean else ""))
-    if meta.get("hf_assisted_defaults"):
-        defaults = meta["hf_assisted_defaults"]
-        adapts = "adaptive" if defaults["threshold_adapts"] else "fixed: no scikit-learn"
-        lines.append(f"hf assisted default = {defaults['num_assistant_tokens']} tokens, "
-                     f"{defaults['num_assistant_tokens_schedule']} schedule, confidence threshold "
-                     f"{defaults['assistant_confidence_threshold']} ({adapts}); "
-                     "hf assisted k=K: K tokens, constant, no threshold")
-    header = (f"{'arm':<28} {'tok/s':>8} {'[q1, q3]':>17} {'speedup':>7} {'alpha':>6} {'a/tok':>6} {'tok/call':>8} "
-              f"{'calls/tok':>9} {'mean K':>6} {'overhead':>8}")
-    for mode in meta["modes"]:
-        lines += ["", f"mode {mode}: {MODES[mode]}", header, "-" * len(header)]
-        for arm in (a for a in report["arms"] if a["mode"] == mode):
-            tps = arm["tokens_per_s"]
-            spread = f"[{tps['q1']:.1f}, {tps['q3']:.1f}]"
-            lines.append(
-                f"{arm['name']:<28} {tps['median']:>8.1f} {spread:>17} "
-                f"{arm['speedup']:>6.2f}x {_fmt(arm['alpha'], 6, '.2f')} {_fmt(arm['alpha_per_token'], 6, '.2f')} "
-                f"{_fmt(arm['block_efficiency'], 8, '.2f')} "
-                f"{_fmt(arm['target_calls_per_token'], 9, '.2f')} {_fmt(arm['mean_k'], 6, '.1f')} "
-                f"{arm['overhead_share']:>8.1%}")
-    for mode, best in report.get("headline", {}).items():
-        model = best["predicted_speedup"]
-        lines += ["", f"{mode}: fastest speculative arm {best['best_arm']}: {best['speedup']:.2f}x over generate, "
-                  f"{best['over_assisted']:.2f}x over {best['best_assisted']} ({best['assisted_speedup']:.2f}x), "
-                  f"{best['overhead_share']:.1%} outside the forward passes"
-                  + (f", model {model:.2f}x" if model is not None and not math.isnan(model) else "")]
-    if report["greedy_identical"] is not None:
-        verdict = "yes" if report["greedy_identical"] else f"NO, {len(report['greedy_mismatches'])} mismatches"
-        lines += ["", f"greedy: every arm produced the baseline's tokens on every prompt: {verdict}"]
-    lines.append("alpha = accepted / drafted; a/tok = accepted / judged drafts (the model's per-token alpha)")
-    return "\n".join(lines)
-
-
-def _fmt(value: float | None, width: int, spec: str) -> str:
-    return f"{'-':>{width}}" if value is None else f"{value:>{width}{spec}}"
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -299,6 +289,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path | None]
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    parser.add_argument("--linear", default="auto", choices=LINEAR_KINDS,
+                        help="packed: oneDNN-prepacked linear layers in both models, every arm "
+                             "(default auto: packed on a CPU that supports it)")
+    parser.add_argument("--attention", choices=ATTENTIONS,
+                        help=f"both models' attention implementation (default: as loaded, sdpa); {ROWWISE} "
+                             "(`specdec_ref.rowwise`) keeps each row of a K + 1-token pass bitwise equal to a "
+                             "one-token step's, so greedy stays exact in bfloat16")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="a short run: few prompts, tokens and K values")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -323,7 +320,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path | None]
         k_values=pick(args.k_values, BenchConfig.k_values, (2, 4)),
         modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
         num_prompts=pick(args.num_prompts, 8, 2), prompt_tokens=pick(args.prompt_tokens, 32, 16),
-        device=args.device, dtype=args.dtype, threads=args.threads, seed=args.seed,
+        device=args.device, dtype=args.dtype, threads=args.threads, seed=args.seed, linear=args.linear,
+        attention=args.attention,
         cost_repeats=5 if quick else 20, progress=not args.no_progress, lean=not args.no_lean,
         shape=shape,
     )

@@ -1,0 +1,161 @@
+"""Prepacked linear layers: a CPU verification pass that costs about one decoding step.
+
+Chapter 1's argument says a pass over K + 1 tokens should cost about what a pass over one
+token costs, because both stream the same weights. On a CPU with `torch`'s default
+kernels it does not quite: with one row of input, `torch.nn.functional.linear` runs a
+matrix-vector product that reads the weight once, but with m > 1 rows it calls a
+general matrix product (MKL's sgemm), which first copies the weight into a blocked
+layout, on every call, for every layer. For the tiny target that copy is most of the
+price of verification: in float32 a 6-token pass costs about 1.5 decoding steps
+(`book/data/bench-tiny-cpu-plain.json`).
+
+oneDNN can make that copy once and keep it ("prepacking"; `torch.compile`'s CPU
+freezing does the same). `pack_linear_layers(model)` swaps every `nn.Linear` of a CPU
+model for a `PackedLinear` that holds the same weight Parameter (so `state_dict`, tied
+weights and `save_pretrained` are unchanged) plus a prepacked copy, used whenever no
+gradient is needed. A 6-token pass of the tiny target then costs about one step, and in
+bfloat16 a one-token step is faster too (`book/data/bench-tiny-cpu.json`).
+
+Invariant: a packed model computes the same function up to float rounding (logits
+within 1e-5 of the unpacked model's in float32 on the tests' models; greedy output
+identical), and each row of a packed layer's output is bitwise what that row alone
+gives, so a pass over several tokens stays batch-invariant in bfloat16 when its
+attention is too (`rowwise`; `tests/test_packed.py`, `tests/test_rowwise.py`). Only the speed of a
+pass changes, so every decoder in this package, and `transformers`' own `generate`,
+runs a packed model unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Dtypes that oneDNN prepacks for a linear layer on a CPU.
+PACKED_DTYPES = (torch.float32, torch.bfloat16)
+_NO_SCALARS: list = []  # the kernel's post-op arguments: none
+_LINEAR = getattr(getattr(torch.ops.mkldnn, "_linear_pointwise", None), "default", None)
+
+
+def packing_unsupported(model: nn.Module) -> str | None:
+    """Why `pack_linear_layers` cannot pack `model` (None when it can)."""
+    if not torch.backends.mkldnn.is_available():
+        return "this torch build has no oneDNN (mkldnn) backend"
+    if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return "this torch build has no oneDNN linear kernel (torch.ops.mkldnn._linear_pointwise)"
+    parameter = next(model.parameters(), None)
+    if parameter is None:
+        return "the model has no parameters"
+    if parameter.device.type != "cpu":
+        return f"the model is on {parameter.device}, and prepacking is for CPU models"
+    if parameter.dtype not in PACKED_DTYPES:
+        return f"the model's dtype is {parameter.dtype}, not one of {PACKED_DTYPES}"
+    return None
+
+
+class PackedLinear(nn.Module):
+    """`nn.Linear` with a oneDNN-prepacked copy of its weight for inference."""
+
+    def __init__(self, linear: nn.Linear, rows: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.rows = rows
+        self.weight = linear.weight  # the same Parameter: state_dict and tying unchanged
+        self.bias = linear.bias
+        self.enabled = True  # False: plain F.linear (`set_packing`), to time both ways on one model
+        self._packed: torch.Tensor | None = None  # None: not packed (yet, or not packable)
+        self._version, self._pointer = -1, -1  # the weight's identity when it was packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        # The packed copy serves inference on the CPU in the weight's dtype;
+        # anything else (switched off, training, another device, mixed
+        # dtypes) takes plain F.linear.
+        training = torch.is_grad_enabled() and (weight.requires_grad
+                                                or x.requires_grad)
+        if (self.enabled and x.is_cpu and x.dtype is weight.dtype
+                and not training):
+            # Repack when the weight changed in place (its version) or
+            # was replaced (its data pointer).
+            if (weight._version != self._version
+                    or weight.data_ptr() != self._pointer):
+                self._repack()
+            if self._packed is not None:
+                return _LINEAR(x, self._packed, self.bias, "none",
+                               _NO_SCALARS, "")
+        return F.linear(x, weight, self.bias)
+
+    def _repack(self) -> None:
+        weight = self.weight.detach()
+        packable = weight.is_cpu and weight.dtype in PACKED_DTYPES
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, self.rows) if packable else None
+        self._version, self._pointer = self.weight._version, weight.data_ptr()
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the packed copy behind (oneDNN's opaque tensor cannot be
+        copied); the new layer packs its own on its first call."""
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
+        return {**state, "_packed": None, "_version": -1, "_pointer": -1}
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, rows={self.rows}")
+
+
+def pack_linear_layers(model: nn.Module, rows: int = 8) -> int:
+    """Swap every `nn.Linear` of `model` for a `PackedLinear`, in place.
+
+    Args:
+        model: a model on the CPU in float32 or bfloat16 (`packing_unsupported`).
+        rows: the number of input rows oneDNN tunes the packed layout for (K + 1
+            for a verification pass; any row count still works).
+
+    Returns:
+        The number of layers packed (0 when `model` was packed already).
+
+    Raises:
+        ValueError: if `rows` is not an integer >= 1 or the model cannot be packed.
+    """
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise ValueError(f"rows must be an integer >= 1, got {rows!r}")
+    reason = packing_unsupported(model)
+    if reason is not None:
+        raise ValueError(f"cannot pack {type(model).__name__}: {reason}")
+    return _swap(model, nn.Linear, lambda layer: PackedLinear(layer, rows))
+
+
+def unpack_linear_layers(model: nn.Module) -> int:
+    """Undo `pack_linear_layers`: plain `nn.Linear` layers on the same weights; returns how many."""
+
+    def plain(layer: PackedLinear) -> nn.Linear:
+        linear = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None,
+                           device="meta")
+        linear.weight, linear.bias = layer.weight, layer.bias
+        return linear
+
+    return _swap(model, PackedLinear, plain)
+
+
+def set_packing(model: nn.Module, enabled: bool) -> int:
+    """Switch every `PackedLinear` of `model` to its prepacked copy (True) or to plain
+    `F.linear` on the same weight (False); returns how many layers were switched."""
+    layers = [module for module in model.modules() if isinstance(module, PackedLinear)]
+    for layer in layers:
+        layer.enabled = bool(enabled)
+    return len(layers)
+
+
+def is_packed(model: nn.Module) -> bool:
+    """Whether any layer of `model` is a `PackedLinear`."""
+    return any(isinstance(module, PackedLinear) for module in model.modules())
+
+
+def _swap(model: nn.Module, kind: type, make) -> int:
+    """Replace every submodule of type `kind` (exactly) by make(submodule); returns how many."""
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is kind:
+                setattr(parent, name, make(child))
+                swapped += 1
+    return swapped
