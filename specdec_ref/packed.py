@@ -41,7 +41,7 @@ def packing_unsupported(model: nn.Module) -> str | None:
     """Why `pack_linear_layers` cannot pack `model` (None when it can)."""
     if not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN (mkldnn) backend"
-    if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+    if _LINEAR is None:
         return "this torch build has no oneDNN linear kernel (torch.ops.mkldnn._linear_pointwise)"
     parameter = next(model.parameters(), None)
     if parameter is None:

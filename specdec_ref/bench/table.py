@@ -16,7 +16,8 @@ def format_table(report: dict) -> str:
     verify = " ".join(f"{k}:{v:.2f}" for k, v in report["verify_cost"].items())
     lines += [
         f"device {meta['device']} ({meta['dtype']}, {meta['threads']} threads, "
-        f"{meta.get('linear', 'plain')} linear layers), torch {meta['torch']}, "
+        f"{meta.get('linear', 'plain')} linear layers, {meta.get('attention', 'sdpa')} attention), "
+        f"torch {meta['torch']}, "
         f"transformers {meta['transformers']}",
         f"{meta['prompts']} prompts ({meta['prompt_source']}), {meta['max_new_tokens']} new tokens, "
         f"{meta['repeats']} repeats; target 1-token pass {meta['target_pass_ms']:.2f} ms at context "
