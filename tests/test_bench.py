@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -20,6 +21,10 @@ ARM_NAMES = {"hf generate", "hf assisted default", "hf assisted k=1", "hf assist
 PACKED = packing_unsupported(torch.nn.Linear(2, 2)) is None
 if PACKED:
     ARM_NAMES |= {"hf generate plain"}
+# A one-thread run on a CPU with two cores or more also times generate on two threads.
+TWO_THREADS = (os.cpu_count() or 1) >= 2
+if TWO_THREADS:
+    ARM_NAMES |= {"hf generate 2 threads"}
 
 
 @pytest.fixture(scope="module")
@@ -109,11 +114,13 @@ def test_bench_greedy_arms_match_the_baseline(bench_run):
 
 
 @pytest.mark.skipif(not PACKED, reason="this torch build cannot prepack linear layers")
-def test_bfloat16_eager_run_times_every_baseline_variant_and_stays_greedy_exact(tmp_path):
-    """bfloat16, prepacked, eager attention: generate also plain, with sdpa and in float32; the
-    baseline is the fastest of them, and every greedy arm still gives generate's tokens."""
+def test_bfloat16_grouped_run_times_every_baseline_variant_and_stays_greedy_exact(tmp_path):
+    """bfloat16, prepacked, grouped eager attention: generate also plain, with sdpa, in float32
+    and on two threads; the baseline is the fastest of them, and every greedy arm still gives
+    generate's tokens."""
     argv = ["--pair", "random", "--quick", "--max-new-tokens", "12", "--k-values", "2", "--threads", "1",
-            "--modes", "greedy", "--dtype", "bfloat16", "--attention", "eager", "--random-target-layers", "2",
+            "--modes", "greedy", "--dtype", "bfloat16", "--attention", "grouped_eager",
+            "--random-target-layers", "2",
             "--random-width", "64", "--random-vocab", "256", "--no-progress", "--no-lean",
             "--out", str(tmp_path / "bench.json")]
     threads = torch.get_num_threads()
@@ -122,12 +129,15 @@ def test_bfloat16_eager_run_times_every_baseline_variant_and_stays_greedy_exact(
     finally:
         torch.set_num_threads(threads)
     meta = report["meta"]
-    assert (meta["dtype"], meta["linear"], meta["attention"]) == ("bfloat16", "packed", "eager")
+    assert (meta["dtype"], meta["linear"], meta["attention"]) == ("bfloat16", "packed", "grouped_eager")
     variants = {"hf generate plain", "hf generate sdpa", "hf generate float32"}
+    if TWO_THREADS:
+        variants |= {"hf generate 2 threads"}
     assert set(meta["baseline_variants"]) == variants
+    assert torch.get_num_threads() == 1  # the variant's two threads were for its own runs
     arms = {arm["name"]: arm for arm in report["arms"]}
     assert variants < set(arms)
-    fastest = max(BASELINES, key=lambda name: arms[name]["tokens_per_s"]["median"])
+    fastest = max((name for name in BASELINES if name in arms), key=lambda name: arms[name]["tokens_per_s"]["median"])
     assert report["baselines"]["greedy"] == fastest and arms[fastest]["speedup"] == pytest.approx(1.0)
     assert report["greedy_identical"] is True
     assert "over hf generate" in format_table(report)

@@ -9,6 +9,7 @@ from specdec_ref import SamplingConfig, autoregressive_generate, speculative_gen
 from specdec_ref.drafting import ModelDrafter
 from specdec_ref.kv_cache import CachedForward
 from specdec_ref.lean import LeanForward
+from specdec_ref.packed import PackedLinear, pack_linear_layers, packing_unsupported
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -38,6 +39,24 @@ def test_logits_match_cached_forward_across_passes_and_rollbacks(build, device):
         lean.rollback(keep)
         cached.rollback(keep)
     assert lean.forward_calls == cached.forward_calls == len(steps)
+
+
+@pytest.mark.skipif(packing_unsupported(torch.nn.Linear(2, 2)) is not None,
+                    reason="this torch build cannot prepack linear layers")
+def test_a_prepacked_draft_runs_its_packed_kernels(monkeypatch):
+    """On a model whose layers `pack_linear_layers` swapped, the lean pass calls those layers
+    (their prepacked kernels), and its logits still agree with the cached forward's."""
+    model = make_model("llama", layers=2, seed=3)
+    pack_linear_layers(model)
+    calls = []
+    forward = PackedLinear.forward
+    monkeypatch.setattr(PackedLinear, "forward", lambda self, x: calls.append(self) or forward(self, x))
+    lean, cached = LeanForward(model), CachedForward(model)  # built after the patch: they call it
+    sequence = torch.randint(2, 48, (1, 20), generator=torch.Generator().manual_seed(0))
+    ours = lean.last_logits(sequence, 4)
+    layers = sum(isinstance(module, PackedLinear) for module in model.modules())
+    assert len(calls) == layers  # 7 per block and the head, once each
+    assert torch.allclose(ours, cached.last_logits(sequence, 4), atol=1e-5, rtol=0)
 
 
 def test_a_lean_draft_keeps_the_target_greedy_output(device):

@@ -86,16 +86,17 @@ def test_sampling_with_packed_models_matches_the_target_law():
 
 
 @pytest.mark.parametrize(("dtype", "attention"), [(torch.float32, None), (torch.bfloat16, "eager"),
-                                                 (torch.bfloat16, "rowwise_sdpa")])
+                                                 (torch.bfloat16, "rowwise_sdpa"),
+                                                 (torch.bfloat16, "grouped_eager")])
 def test_the_embedded_pair_in_the_benchmarks_settings_keeps_generates_tokens(dtype, attention):
-    """Tiny pair, prepacked, in float32 and in bfloat16 with a batch-invariant attention (eager:
-    the benchmark's bfloat16 setting), lean draft, K = 5: greedy output is `generate`'s on the
-    same model, token for token."""
+    """Tiny pair, prepacked, in float32 and in bfloat16 with a batch-invariant attention (grouped
+    eager: the benchmark's bfloat16 setting), lean draft, K = 5: greedy output is `generate`'s
+    on the same model, token for token."""
     draft_model, target_model, tokenizer = load_pair("tiny", device="cpu", dtype=dtype)
     for model in (target_model, draft_model):
         pack_linear_layers(model)
-        if attention == "rowwise_sdpa":
-            use_rowwise_attention(model)
+        if attention in ("rowwise_sdpa", "grouped_eager"):
+            use_rowwise_attention(model, attention)
         elif attention is not None:
             model.set_attn_implementation(attention)
     for prompt in held_out_prompts(tokenizer, num_prompts=2, prompt_tokens=32):

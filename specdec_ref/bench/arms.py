@@ -74,7 +74,10 @@ VARIANTS = {
     "plain": "prepacked linear layers switched off (`packed.set_packing`)",
     "sdpa": "attention by `scaled_dot_product_attention` (the library's default)",
     "float32": "a float32 copy of the target, linear layers as loaded, sdpa attention",
+    "1 thread": "one torch thread (`torch.set_num_threads`), sdpa attention",
+    "2 threads": "two torch threads (`torch.set_num_threads`), sdpa attention",
 }
+THREAD_VARIANTS = {"1 thread": 1, "2 threads": 2}  # variant -> the thread count it runs with
 
 
 def build_arms(modes: list[str], k_values: list[int], *, nocache_k: int = 4, model_schedule: bool = True,
@@ -202,6 +205,7 @@ class ArmRunner:
             models["target float32"] = float32_target
         self.meter = ForwardMeter(models, pair.device)
         self._attention = pair.target_model.config._attn_implementation
+        self._threads = torch.get_num_threads()  # the run's thread count
         self._draft_config = pair.draft_model.generation_config
 
     def close(self) -> None:
@@ -246,7 +250,10 @@ class ArmRunner:
     def _configure(self, variant: str | None) -> None:
         """Set the target up for `variant` (None: as the run has it)."""
         set_packing(self.pair.target_model, variant != "plain")
-        attention = "sdpa" if variant == "sdpa" else self._attention
+        threads = THREAD_VARIANTS.get(variant, self._threads)
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        attention = "sdpa" if variant in ("sdpa", *THREAD_VARIANTS) else self._attention
         if self.pair.target_model.config._attn_implementation != attention:
             self.pair.target_model.set_attn_implementation(attention)
 

@@ -26,6 +26,7 @@ import argparse
 import copy
 import datetime
 import json
+import os
 import platform
 import sys
 from dataclasses import dataclass, field, replace
@@ -37,7 +38,7 @@ from tqdm.auto import tqdm
 
 from ..analysis import predicted_vs_measured
 from ..packed import pack_linear_layers, packing_unsupported
-from ..rowwise import ROWWISE
+from ..rowwise import GROUPED, ROWWISE
 from ..timing import Timing
 from .arms import VARIANTS, Arm, ArmRunner, RunRecord, assisted_defaults, build_arms
 from .pair import RANDOM_SHAPES, RandomPairShape, bench_prompts, load_bench_pair, measure_costs
@@ -48,7 +49,7 @@ BASELINE = "hf generate"
 # The baseline of each mode: the fastest of target-only `generate` with the models as run and
 # its variants (`arms.VARIANTS`): the baseline's fastest configuration.
 BASELINES = (BASELINE, *(f"{BASELINE} {variant}" for variant in VARIANTS))
-ATTENTIONS = ("sdpa", "eager", ROWWISE)  # both models' attention implementation (None: as loaded)
+ATTENTIONS = ("sdpa", "eager", ROWWISE, GROUPED)  # both models' attention implementation (None: as loaded)
 LINEAR_KINDS = ("auto", "packed", "plain")  # `packed`: every arm's models run `packed.PackedLinear` layers
 
 
@@ -105,8 +106,12 @@ def run_benchmark(config: BenchConfig) -> dict:
         for model in (pair.target_model, pair.draft_model):
             model.set_attn_implementation(config.attention)
     linear = _pack(pair, config.linear)
+    # The other thread count on a CPU: one thread if the run uses more, two if it uses one.
+    threads, cores = torch.get_num_threads(), os.cpu_count() or 1
     wanted = {"plain": linear == "packed", "sdpa": config.attention not in (None, "sdpa"),
-              "float32": float32_target is not None}
+              "float32": float32_target is not None,
+              "1 thread": device.type == "cpu" and threads > 1,
+              "2 threads": device.type == "cpu" and threads == 1 and cores >= 2}
     variants = tuple(name for name, chosen in wanted.items() if chosen)
     prompts, prompt_source = bench_prompts(pair, config.num_prompts, prompt_tokens=config.prompt_tokens,
                                            seed=config.seed)
@@ -294,8 +299,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path | None]
                              "(default auto: packed on a CPU that supports it)")
     parser.add_argument("--attention", choices=ATTENTIONS,
                         help=f"both models' attention implementation (default: as loaded, sdpa); {ROWWISE} "
-                             "(`specdec_ref.rowwise`) keeps each row of a K + 1-token pass bitwise equal to a "
-                             "one-token step's, so greedy stays exact in bfloat16")
+                             f"and {GROUPED} (`specdec_ref.rowwise`) keep each row of a K + 1-token pass "
+                             "bitwise equal to a one-token step's, so greedy stays exact in bfloat16")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="a short run: few prompts, tokens and K values")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
