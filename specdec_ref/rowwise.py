@@ -24,8 +24,8 @@ out batch-invariant on a CPU, as `transformers`' eager attention's do, but it co
 one product per key-value head with the query heads of its group stacked as rows: no
 copies of the keys and values for every query head (`repeat_kv`), and no float mask
 built for the model on every pass. On the book's CPU a one-token step with it costs
-less than with `transformers`' sdpa or eager attention, and the benchmark's bfloat16
-arms run with it. Its invariance is measured, not constructed: `tests/test_rowwise.py`
+about what one with sdpa attention costs, and less than one with eager attention; the
+benchmark's bfloat16 arms run with it. Its invariance is measured, not constructed: `tests/test_rowwise.py`
 checks it bitwise on the machine that runs the tests.
 
 Use: `use_rowwise_attention(model)` (or `use_rowwise_attention(model, GROUPED)`), or
@@ -37,6 +37,8 @@ function, so a padded batch still brings its mask.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -119,7 +121,7 @@ def grouped_attention(
     scores = torch.matmul(rows, key[0].transpose(1, 2)) * scale  # (H_kv, ., L)
     if m > 1:  # row i may not see the keys after position L - m + i
         hidden = _future(m, length, query.device)  # (m, L)
-        scores = scores.view(heads, m, length).masked_fill(hidden, float("-inf"))
+        scores = scores.view(heads, m, length).masked_fill(hidden, -math.inf)
     weights = scores.float().softmax(-1).to(value.dtype)
     out = torch.matmul(weights.view(kv_heads, -1, length), value[0])
     return out.view(heads, m, dim).transpose(0, 1)[None].contiguous(), None
