@@ -16,6 +16,10 @@ weights and `save_pretrained` are unchanged) plus a prepacked copy, used wheneve
 gradient is needed. A 6-token pass of the tiny target then costs about one step, and in
 bfloat16 a one-token step is faster too (`book/data/bench-tiny-cpu.json`).
 
+oneDNN compiles one kernel per shape it meets and keeps 1,024 of them; a speculative
+loop meets more (rows x context length), so `import specdec_ref` raises that limit
+(`ONEDNN_PRIMITIVE_CACHE_CAPACITY`, see the package's `__init__`).
+
 Invariant: a packed model computes the same function up to float rounding (logits
 within 1e-5 of the unpacked model's in float32 on the tests' models; greedy output
 identical), and each row of a packed layer's output is bitwise what that row alone

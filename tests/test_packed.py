@@ -1,6 +1,9 @@
 """Prepacked linear layers change the speed of a pass, never what it computes."""
 
 import copy
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -150,3 +153,15 @@ def test_bad_arguments_are_refused_with_their_names():
         BenchConfig(linear="fast")
     layer = PackedLinear(torch.nn.Linear(4, 3), rows=8)
     assert "rows=8" in repr(layer)
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, "16384"), ("77", "77")])
+def test_importing_the_package_keeps_more_onednn_kernels_unless_told(given, expected):
+    """`import specdec_ref` raises oneDNN's kernel cache (1,024 shapes by default, fewer than a
+    speculative loop meets) before any kernel is compiled, and leaves a value the user set."""
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    if given is not None:
+        env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = given
+    code = "import os, specdec_ref; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == expected
