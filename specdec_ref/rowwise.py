@@ -1,4 +1,4 @@
-"""Row-by-row attention: a verification pass whose rows are bitwise the one-token steps'.
+"""Batch-invariant attention: a verification pass whose rows are bitwise the one-token steps'.
 
 Greedy speculative decoding returns the target's own greedy tokens only if the
 verification pass computes, at every position, the logits that a one-token decoding
@@ -14,9 +14,8 @@ switched to it makes every pass this way). The linear layers, norms and rotary
 embedding already treat rows independently (with `packed` layers, bitwise), so the
 whole pass becomes *batch-invariant*: each row comes out as it would alone. The price
 is m - 1 extra kernel calls per layer: on the book's 2-core CPU the tiny target's pass
-grows by about 0.1 of a step per drafted token this way, more than eager attention
-costs there, whose plain matrix products turn out invariant too
-(`tests/test_rowwise.py`); the benchmark's bfloat16 arms use eager attention.
+grows by about 0.1 of a step per drafted token this way; plain matrix products, as
+in eager attention, turn out invariant there too, at a fixed price per pass.
 
 `grouped_attention` (registered as "grouped_eager") is the cheap way to the same end.
 It is eager attention, plain matrix products and a float32 softmax, whose rows turn
@@ -25,8 +24,8 @@ one product per key-value head with the query heads of its group stacked as rows
 copies of the keys and values for every query head (`repeat_kv`), and no float mask
 built for the model on every pass. On the book's CPU a one-token step with it costs
 about what one with sdpa attention costs, and less than one with eager attention; the
-benchmark's bfloat16 arms run with it. Its invariance is measured, not constructed: `tests/test_rowwise.py`
-checks it bitwise on the machine that runs the tests.
+benchmark's bfloat16 arms run with it. Its invariance is measured, not constructed:
+`tests/test_rowwise.py` checks it bitwise on the machine that runs the tests.
 
 Use: `use_rowwise_attention(model)` (or `use_rowwise_attention(model, GROUPED)`), or
 `--attention rowwise_sdpa` / `grouped_eager` in the benchmark. Batches of more than one
@@ -132,9 +131,16 @@ def _extras(kwargs: dict) -> bool:
     return any(kwargs.get(name) is not None for name in _EXTRAS)
 
 
+_FUTURE: dict = {}  # the last mask built: every layer of a pass asks for the same one
+
+
 def _future(m: int, length: int, device: torch.device) -> torch.Tensor:
     """(m, L) boolean: True where row i (at position L - m + i) must not look."""
-    return torch.ones(m, length, dtype=torch.bool, device=device).triu(length - m + 1)
+    key = (m, length, device, torch.is_inference_mode_enabled())  # inference tensors stay there
+    if key not in _FUTURE:
+        _FUTURE.clear()
+        _FUTURE[key] = torch.ones(m, length, dtype=torch.bool, device=device).triu(length - m + 1)
+    return _FUTURE[key]
 
 
 _CHECKED: list = [None]  # the last mask found causal: every layer of a pass gets the same one

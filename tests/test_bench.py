@@ -293,3 +293,22 @@ def test_scale_command_writes_the_sweep(tmp_path, capsys):
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert [p["name"] for p in report["points"]] == ["the tiny target", "1 x 64"]
     assert "c " in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not PACKED, reason="this torch build cannot prepack linear layers")
+def test_scale_command_prepacks_every_model_when_asked(tmp_path, monkeypatch):
+    """`--linear packed`: the draft, the pair's target and every random target run prepacked."""
+    from specdec_ref.bench import scale
+    from specdec_ref.packed import is_packed
+
+    timed = []
+    measure = scale.measure_size
+    monkeypatch.setattr(scale, "measure_size", lambda draft, target, **kw: timed.append(
+        (is_packed(draft), is_packed(target))) or measure(draft, target, **kw))
+    threads = torch.get_num_threads()
+    try:
+        report = scale.main(["--pair", "tiny", "--device", "cpu", "--threads", "1", "--shapes", "1x64",
+                             "--repeats", "1", "--linear", "packed", "--out", str(tmp_path / "sweep.json")])
+    finally:
+        torch.set_num_threads(threads)
+    assert timed == [(True, True), (True, True)] and report["meta"]["linear"] == "packed"

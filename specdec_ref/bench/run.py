@@ -109,8 +109,7 @@ def run_benchmark(config: BenchConfig) -> dict:
     # The other thread count on a CPU: one thread if the run uses more, two if it uses one.
     threads, cores = torch.get_num_threads(), os.cpu_count() or 1
     wanted = {"plain": linear == "packed", "sdpa": config.attention not in (None, "sdpa"),
-              "float32": float32_target is not None,
-              "1 thread": device.type == "cpu" and threads > 1,
+              "float32": float32_target is not None, "1 thread": device.type == "cpu" and threads > 1,
               "2 threads": device.type == "cpu" and threads == 1 and cores >= 2}
     variants = tuple(name for name, chosen in wanted.items() if chosen)
     prompts, prompt_source = bench_prompts(pair, config.num_prompts, prompt_tokens=config.prompt_tokens,
@@ -159,13 +158,12 @@ def run_benchmark(config: BenchConfig) -> dict:
             "dtype": config.dtype, "linear": linear,
             "attention": pair.target_model.config._attn_implementation,
             "baseline_variants": {f"{BASELINE} {v}": VARIANTS[v] for v in variants},
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
+            "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "date": datetime.datetime.now().astimezone().isoformat(),
             "prompts": len(prompts), "prompt_source": prompt_source,
             "prompt_lengths": [int(p.size(1)) for p in prompts], "max_new_tokens": config.max_new_tokens,
-            "repeats": config.repeats, "threads": torch.get_num_threads(),
-            "onednn_kernel_cache": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"), "k_values": list(config.k_values),
+            "repeats": config.repeats, "threads": torch.get_num_threads(), "k_values": list(config.k_values),
+            "onednn_kernel_cache": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"),
             "modes": list(config.modes), "seed": config.seed, "cost_context": costs.context,
             "target_pass_ms": 1000 * costs.target_seconds,
             "overhead_method": "forward hooks on both models (GPU synchronized at each pass boundary)",

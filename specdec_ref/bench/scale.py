@@ -10,6 +10,8 @@ decoder runs, medians of interleaved repetitions.
 
 `python -m specdec_ref.bench.scale` writes the sweep as JSON; the performance chapter
 draws it, and combines it with a measured alpha into a predicted speedup per size.
+With `--linear packed` every model runs with oneDNN-prepacked linear layers
+(`packed.pack_linear_layers`), as the CPU benchmark runs them.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from ..analysis import verify_cost_from_latency
 from ..measure import measure_pass_latency
+from ..packed import pack_linear_layers
 from ..validation import vocab_size
 
 # (layers, width) of the targets: on a CPU small ones (a quick run takes seconds); on a
@@ -94,18 +97,22 @@ def measure_size(draft_model: PreTrainedModel, target_model: PreTrainedModel, *,
 
 def size_sweep(draft_model: PreTrainedModel, shapes: Sequence[tuple[int, int]], *,
                targets: Mapping[str, PreTrainedModel] | None = None, context: int = 64, max_k: int = 8,
-               repeats: int = 5) -> list[SizePoint]:
+               repeats: int = 5, packed: bool = False) -> list[SizePoint]:
     """`measure_size` for existing `targets` (e.g. the pair's own) and one random target per shape.
 
     The random targets share the draft's vocabulary, device and dtype; each is freed
     before the next is built. The draft is timed again right after each target, so
     that c divides two timings taken back to back (a shared machine's load drifts).
+    packed: prepack each random target's linear layers (the draft and `targets` are
+    timed as given).
     """
     device, dtype = draft_model.device, next(draft_model.parameters()).dtype
     points = [measure_size(draft_model, model, name=name, context=context, max_k=max_k, repeats=repeats)
               for name, model in (targets or {}).items()]
     for layers, width in shapes:
         model = sized_target(layers, width, vocab=vocab_size(draft_model), device=device, dtype=dtype)
+        if packed:
+            pack_linear_layers(model)
         points.append(measure_size(draft_model, model, name=f"{layers} x {width}", context=context, max_k=max_k,
                                    repeats=repeats))
         del model
@@ -148,6 +155,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--full", action="store_true", help="the larger set of shapes")
     parser.add_argument("--shapes", type=_shapes, help="LxW,... e.g. 8x512,12x768 (default: by device)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--linear", choices=["plain", "packed"], default="plain",
+                        help="packed: every model with oneDNN-prepacked linear layers (a CPU)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     from ..models import load_pair
@@ -158,10 +167,14 @@ def main(argv: list[str] | None = None) -> dict:
                                              dtype=getattr(torch, args.dtype) if args.dtype else None)
     device = draft_model.device
     shapes = args.shapes or (FULL_SHAPES if args.full else QUICK_SHAPES)["cuda" if device.type == "cuda" else "cpu"]
+    if args.linear == "packed":
+        for model in (draft_model, target_model):
+            pack_linear_layers(model)  # raises, naming why, where it cannot
     with torch.no_grad():
         points = size_sweep(draft_model.eval(), shapes, targets={f"the {args.pair} target": target_model.eval()},
-                            repeats=args.repeats)
+                            repeats=args.repeats, packed=args.linear == "packed")
     report = sweep_report(points, device=device, dtype=next(draft_model.parameters()).dtype, context=64)
+    report["meta"]["linear"] = args.linear
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     for point in points:
