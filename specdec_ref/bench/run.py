@@ -11,8 +11,8 @@ speedup over target-only `generate`, alpha, tokens per target call, and the shar
 wall time spent outside forward passes. On a CPU both models run with prepacked linear
 layers (`packed`, `--linear packed`, the default there) in every arm; `generate` also
 runs in the baseline variants of `arms.VARIANTS` that differ from the run (without
-prepacking, with sdpa attention, as a float32 copy), and the baseline of each mode,
-speedup 1, is the fastest of them: the baseline's fastest configuration.
+prepacking, with sdpa attention, as a float32 copy, on the other thread count), and
+the baseline of each mode, speedup 1, is the fastest of them.
 
 Invariant: in greedy mode every arm must reproduce the baseline's tokens on every
 prompt; the report says whether they did (`greedy_identical`) and lists any mismatch.
