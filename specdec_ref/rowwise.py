@@ -69,15 +69,11 @@ def rowwise_attention(
     there. Returns the output (1, m, H, d) as `transformers`' sdpa
     attention does, and no weights.
     """
-    batch, heads, m, _ = query.shape
-    length = key.size(2)
-    if (batch != 1 or _extras(kwargs) or (dropout and module.training)
-            or not _only_causal(attention_mask, m, length)):
-        # Padding, a window, a bias, training: the library's attention,
-        # correct but not row by row.
+    if not _plain_causal(module, query, key, attention_mask, dropout, kwargs):
         return sdpa_attention_forward(module, query, key, value,
                                       attention_mask, scaling=scaling,
                                       dropout=dropout, **kwargs)
+    heads, m, length = query.size(1), query.size(2), key.size(2)
     grouped = key.size(1) != heads  # grouped-query attention
     rows = []
     for i in range(m):
@@ -107,14 +103,12 @@ def grouped_attention(
     position L - m + i and sees keys 0 .. L - m + i. Returns the output
     (1, m, H, d) and no weights.
     """
-    batch, heads, m, dim = query.shape
-    kv_heads, length = key.size(1), key.size(2)
-    if (batch != 1 or heads % kv_heads or _extras(kwargs)
-            or (dropout and module.training)
-            or not _only_causal(attention_mask, m, length)):
+    if not _plain_causal(module, query, key, attention_mask, dropout, kwargs):
         return sdpa_attention_forward(module, query, key, value,
                                       attention_mask, scaling=scaling,
                                       dropout=dropout, **kwargs)
+    _, heads, m, dim = query.shape
+    kv_heads, length = key.size(1), key.size(2)
     scale = dim ** -0.5 if scaling is None else scaling
     rows = query.reshape(kv_heads, heads // kv_heads * m, dim)
     scores = torch.matmul(rows, key[0].transpose(1, 2)) * scale  # (H_kv, ., L)
@@ -126,9 +120,15 @@ def grouped_attention(
     return out.view(heads, m, dim).transpose(0, 1)[None].contiguous(), None
 
 
-def _extras(kwargs: dict) -> bool:
-    """Whether the call asks for more than plain causal attention."""
-    return any(kwargs.get(name) is not None for name in _EXTRAS)
+def _plain_causal(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                  mask: torch.Tensor | None, dropout: float, kwargs: dict) -> bool:
+    """Whether a call is what both attentions here compute: one sequence, plain causal
+    attention. Padding, a window, a bias, soft-capping, sinks, uneven head groups and
+    dropout in training go to the library's sdpa attention (correct, not row by row)."""
+    batch, heads, m, _ = query.shape
+    return (batch == 1 and heads % key.size(1) == 0 and not (dropout and module.training)
+            and all(kwargs.get(name) is None for name in _EXTRAS)
+            and _only_causal(mask, m, key.size(2)))
 
 
 _FUTURE: dict = {}  # the last mask built: every layer of a pass asks for the same one

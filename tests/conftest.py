@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -16,6 +18,19 @@ VOCAB = 48
 # Tiny models gain nothing from intra-op threads, and spinning OpenMP threads slow
 # everything down badly when another process holds a core: one thread is faster here.
 torch.set_num_threads(1)
+
+
+@contextmanager
+def torch_threads(count: int | None = None) -> Iterator[None]:
+    """Run a block with `count` torch threads (None: as they are) and restore the count after:
+    the thread count (and every `--threads` option) is process-wide, other tests must not see it."""
+    before = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 # The devices the exactness, greedy-equality and rollback tests run on: the CPU always,
 # and CUDA where a GPU is present (scripts/gpu_check.sh runs them there).

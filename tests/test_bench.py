@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from conftest import torch_threads
 
 from specdec_ref.bench.arms import Arm, RunRecord
 from specdec_ref.bench.run import BASELINES, format_table, greedy_mismatches, main
@@ -34,11 +35,8 @@ def bench_run(tmp_path_factory):
     argv = ["--pair", "random", "--quick", "--max-new-tokens", "12", "--k-values", "1,3", "--threads", "1",
             "--random-target-layers", "2", "--random-width", "64", "--random-vocab", "256", "--no-progress",
             "--out", str(out)]
-    threads = torch.get_num_threads()
-    try:
+    with torch_threads():
         return main(argv), json.loads(out.read_text())
-    finally:
-        torch.set_num_threads(threads)  # --threads is process-wide: leave other tests as they were
 
 
 def test_bench_writes_the_report_it_returns(bench_run):
@@ -123,18 +121,15 @@ def test_bfloat16_grouped_run_times_every_baseline_variant_and_stays_greedy_exac
             "--random-target-layers", "2",
             "--random-width", "64", "--random-vocab", "256", "--no-progress", "--no-lean",
             "--out", str(tmp_path / "bench.json")]
-    threads = torch.get_num_threads()
-    try:
+    with torch_threads():
         report = main(argv)
-    finally:
-        torch.set_num_threads(threads)
+        assert torch.get_num_threads() == 1  # the variant's two threads were for its own runs
     meta = report["meta"]
     assert (meta["dtype"], meta["linear"], meta["attention"]) == ("bfloat16", "packed", "grouped_eager")
     variants = {"hf generate plain", "hf generate sdpa", "hf generate float32"}
     if TWO_THREADS:
         variants |= {"hf generate 2 threads"}
     assert set(meta["baseline_variants"]) == variants
-    assert torch.get_num_threads() == 1  # the variant's two threads were for its own runs
     arms = {arm["name"]: arm for arm in report["arms"]}
     assert variants < set(arms)
     fastest = max((name for name in BASELINES if name in arms), key=lambda name: arms[name]["tokens_per_s"]["median"])
@@ -235,11 +230,8 @@ def test_methods_command_prints_the_article_timing_as_json(capsys):
     """`python -m specdec_ref.bench.methods` loads the pair, runs the protocol once and prints one JSON line."""
     from specdec_ref.bench.methods import main
 
-    threads = torch.get_num_threads()
-    try:
+    with torch_threads():
         returned = main(["--pair", "tiny", "--max-new-tokens", "6", "--threads", "1", "--device", "cpu"])
-    finally:
-        torch.set_num_threads(threads)
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed == json.loads(json.dumps(returned))
     assert printed["speculative_tokens"] == 6 and printed["pair"] == "tiny" and printed["device"] == "cpu"
@@ -284,12 +276,9 @@ def test_scale_command_writes_the_sweep(tmp_path, capsys):
     from specdec_ref.bench.scale import main
 
     out = tmp_path / "sweep.json"
-    threads = torch.get_num_threads()
-    try:
+    with torch_threads():
         report = main(["--pair", "tiny", "--device", "cpu", "--threads", "1", "--shapes", "1x64", "--repeats", "1",
                        "--out", str(out)])
-    finally:
-        torch.set_num_threads(threads)
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert [p["name"] for p in report["points"]] == ["the tiny target", "1 x 64"]
     assert "c " in capsys.readouterr().out
@@ -305,10 +294,7 @@ def test_scale_command_prepacks_every_model_when_asked(tmp_path, monkeypatch):
     measure = scale.measure_size
     monkeypatch.setattr(scale, "measure_size", lambda draft, target, **kw: timed.append(
         (is_packed(draft), is_packed(target))) or measure(draft, target, **kw))
-    threads = torch.get_num_threads()
-    try:
+    with torch_threads():
         report = scale.main(["--pair", "tiny", "--device", "cpu", "--threads", "1", "--shapes", "1x64",
                              "--repeats", "1", "--linear", "packed", "--out", str(tmp_path / "sweep.json")])
-    finally:
-        torch.set_num_threads(threads)
     assert timed == [(True, True), (True, True)] and report["meta"]["linear"] == "packed"

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import re
 
-import torch
+from conftest import torch_threads
 
 from specdec_ref.__main__ import main
 
 
 def test_demo_prints_iterations_stats_and_speedups(capsys):
     """The demo shows each iteration, matches the target's greedy output and reports both speedups."""
-    threads = torch.get_num_threads()
-    try:
+    with torch_threads():
         main(["--pair", "random", "--max-new-tokens", "8", "--k", "3", "--repeats", "1", "--threads", "1"])
-    finally:
-        torch.set_num_threads(threads)  # --threads is process-wide: leave other tests as they were
     out = capsys.readouterr().out
     assert "random-init" in out  # says that these are not trained models
     assert re.search(r"^\s+1\. drafted( \d+){3}$", out, re.MULTILINE)

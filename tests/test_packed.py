@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from conftest import chi_square_pvalue, exact_joint_law, make_model, noisy_copy
+from conftest import chi_square_pvalue, exact_joint_law, make_model, noisy_copy, torch_threads
 
 from specdec_ref import SamplingConfig, speculative_generate
 from specdec_ref.bench.run import BenchConfig
@@ -96,15 +96,11 @@ def test_the_embedded_pair_in_the_benchmarks_settings_keeps_generates_tokens(dty
     """Tiny pair, prepacked, in float32 and in bfloat16 with a batch-invariant attention (grouped
     eager on two threads: the committed benchmark's setting), lean draft, K = 5: greedy output
     is `generate`'s on the same model, token for token."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        check_pair_greedy(dtype, attention)
-    finally:
-        torch.set_num_threads(before)
+    with torch_threads(threads):
+        assert_pair_greedy_is_generates(dtype, attention)
 
 
-def check_pair_greedy(dtype: torch.dtype, attention: str | None) -> None:
+def assert_pair_greedy_is_generates(dtype: torch.dtype, attention: str | None) -> None:
     """The tiny pair so configured: speculative greedy == generate's greedy on two prompts."""
     draft_model, target_model, tokenizer = load_pair("tiny", device="cpu", dtype=dtype)
     for model in (target_model, draft_model):

@@ -5,7 +5,7 @@ import copy
 
 import pytest
 import torch
-from conftest import make_model
+from conftest import make_model, torch_threads
 
 from specdec_ref import SamplingConfig, speculative_generate
 from specdec_ref.kv_cache import CachedForward
@@ -35,15 +35,11 @@ def test_bfloat16_prepacked_passes_are_batch_invariant(attention, rows, threads)
     or eager attention, on one thread or two (the committed benchmark's): a pass over several
     tokens gives bitwise the logits of as many one-token passes, so greedy cannot flip at a
     near-tie."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        check_invariance(attention, rows)
-    finally:
-        torch.set_num_threads(before)
+    with torch_threads(threads):
+        assert_batch_invariant(attention, rows)
 
 
-def check_invariance(attention: str, rows: int) -> None:
+def assert_batch_invariant(attention: str, rows: int) -> None:
     """A small bfloat16 Llama, prepacked, with `attention`: `rows` tokens in one pass equal
     `rows` one-token passes, bitwise."""
     model = make_model("llama", layers=2, seed=5).to(torch.bfloat16)
