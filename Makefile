@@ -35,7 +35,7 @@ bench: setup
 	$(BIN)/python -m specdec_ref.bench
 
 # On a CUDA machine: the unit tests with their [cuda] cases, the notebooks in float16 and
-# bfloat16, then the benchmark into book/data/bench-*-cuda-*.json (logs in gpu-check/).
+# bfloat16, then the benchmark into specdec_ref/data/bench-*-cuda-*.json (logs in gpu-check/).
 bench-gpu:
 	scripts/gpu_check.sh
 

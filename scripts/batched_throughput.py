@@ -1,5 +1,5 @@
 """Tokens per second against batch size: batched speculative decoding, batched target-only
-`generate`, and the sequential loop of `speculative_generate` (writes book/data/batched-throughput.json).
+`generate`, and the sequential loop of `speculative_generate` (writes specdec_ref/data/batched-throughput.json).
 
 Run (about 5 minutes on one core of a shared 2-core machine):
 
@@ -33,11 +33,12 @@ import transformers
 
 from specdec_ref import SamplingConfig, load_pair, speculative_generate
 from specdec_ref.batched import BatchedForward, batched_speculative_generate
+from specdec_ref.reports import REPORTS_DIR
 from specdec_ref.timing import cpu_name
 from specdec_ref.training.corpus import held_out_prompts
 
 GREEDY = SamplingConfig(temperature=0.0)
-OUT = Path(__file__).resolve().parents[1] / "book" / "data" / "batched-throughput.json"
+OUT = REPORTS_DIR / "batched-throughput.json"
 
 
 def timed(fn) -> tuple[float, float, object]:

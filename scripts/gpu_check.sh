@@ -8,8 +8,8 @@
 #   2. then, alone on the machine, the benchmark (`python -m specdec_ref.bench`) in
 #      bfloat16 and float16: the tiny pair, and random-init models of GPT-2 XL's shapes
 #      (`--random-shape gpt2-xl`: a 48 x 1600 target, its first 12 layers as the draft).
-#      Reports: book/data/bench-tiny-cuda-<dtype>.json and
-#      book/data/bench-gpt2xl-random-cuda-<dtype>.json, each naming the GPU
+#      Reports: specdec_ref/data/bench-tiny-cuda-<dtype>.json and
+#      specdec_ref/data/bench-gpt2xl-random-cuda-<dtype>.json, each naming the GPU
 #      (meta.device_name, checked by `python -m specdec_ref.bench.gpu check`).
 #
 #   scripts/gpu_check.sh [--dry-run] [--only STEPS] [OUTDIR]
@@ -18,12 +18,12 @@
 # --dry-run prints every command and runs nothing. --only runs a comma-separated subset
 # of tests,notebooks,bench (default: all of them), to rerun a part. OUTDIR (default
 # gpu-check/) receives the logs, summary.txt, pytest.xml and a copy of every report
-# written, under OUTDIR/book/data/.
+# written, under OUTDIR/specdec_ref/data/.
 #
 # Time: each step has a limit, and the whole script a budget (GPU_CHECK_BUDGET seconds,
 # default 480): a step never runs past it, and a benchmark that could not finish in the
 # time left is skipped, not started (an interrupted one writes nothing). Sizes come from
-# the H200 timings in book/data/size-sweep-cuda.json (bf16, one 1-token cached pass: tiny
+# the H200 timings in specdec_ref/data/size-sweep-cuda.json (bf16, one 1-token cached pass: tiny
 # target 5.1 ms, its draft 1.9 ms, 48 x 1600 target 30 ms): the tiny benchmark runs 44
 # arms x (1 warm-up + 2 prompts) of 64 tokens, about 1 min; the gpt2-xl one 20 arms x
 # (1 warm-up + 1 prompt) of 64 tokens after building 1.76B parameters on the CPU (about
@@ -134,12 +134,12 @@ if wants bench; then
         for pair in $BENCH_PAIRS; do
             # The sizes come last: later arguments win, so TINY_SIZE / XL_SIZE may change any.
             if [ "$pair" = tiny ]; then
-                report=book/data/bench-tiny-cuda-$dtype.json
+                report=specdec_ref/data/bench-tiny-cuda-$dtype.json
                 # shellcheck disable=SC2086  # TINY_SIZE holds several arguments
                 args=(--pair tiny --modes greedy,t1.0 --k-values 2,3,4,5,6 $TINY_SIZE)
                 limit=150 needs=60
             elif [ "$pair" = gpt2xl ]; then
-                report=book/data/bench-gpt2xl-random-cuda-$dtype.json
+                report=specdec_ref/data/bench-gpt2xl-random-cuda-$dtype.json
                 # shellcheck disable=SC2086
                 args=(--pair random --random-shape gpt2-xl --modes greedy,t1.0 $XL_SIZE)
                 limit=180 needs=90
@@ -156,10 +156,10 @@ if wants bench; then
     done
     if [ "${#reports[@]}" -gt 0 ]; then
         step "reports name their GPU" 60 5 "$out/reports.txt" "$py" -m specdec_ref.bench.gpu check "${reports[@]}"
-        echo "+ cp ${reports[*]} $out/book/data/"
+        echo "+ cp ${reports[*]} $out/specdec_ref/data/"
         if [ "$dry" != 1 ]; then
             cat "$out/reports.txt"
-            mkdir -p "$out/book/data" && cp "${reports[@]}" "$out/book/data/"
+            mkdir -p "$out/specdec_ref/data" && cp "${reports[@]}" "$out/specdec_ref/data/"
         fi
     fi
 fi

@@ -7,14 +7,14 @@ matrix-vector product that reads the weight once, but with m > 1 rows it calls a
 general matrix product (MKL's sgemm), which first copies the weight into a blocked
 layout, on every call, for every layer. For the tiny target that copy is most of the
 price of verification: in float32 a 6-token pass costs about 1.5 decoding steps
-(`book/data/bench-tiny-cpu-plain.json`).
+(`specdec_ref/data/bench-tiny-cpu-plain.json`).
 
 oneDNN can make that copy once and keep it ("prepacking"; `torch.compile`'s CPU
 freezing does the same). `pack_linear_layers(model)` swaps every `nn.Linear` of a CPU
 model for a `PackedLinear` that holds the same weight Parameter (so `state_dict`, tied
 weights and `save_pretrained` are unchanged) plus a prepacked copy, used whenever no
 gradient is needed. A 6-token pass of the tiny target then costs about one step, and in
-bfloat16 a one-token step is faster too (`book/data/bench-tiny-cpu.json`).
+bfloat16 a one-token step is faster too (`specdec_ref/data/bench-tiny-cpu.json`).
 
 oneDNN compiles one kernel per shape it meets and keeps 1,024 of them; a speculative
 loop meets more (rows x context length), so `import specdec_ref` raises that limit

@@ -312,10 +312,10 @@ def test_speedup_by_k_reads_one_implementation_and_mode():
 
 
 def test_committed_benchmark_report_is_readable():
-    """book/data/bench-tiny-cpu.json gives a prediction and a measurement for every K the chapter draws."""
-    from pathlib import Path
+    """specdec_ref/data/bench-tiny-cpu.json gives a prediction and a measurement for every K the chapter draws."""
+    from specdec_ref.reports import report_path
 
-    path = Path(__file__).resolve().parent.parent / "book" / "data" / "bench-tiny-cpu.json"
+    path = report_path("bench-tiny-cpu.json")
     rows = predicted_vs_measured(path)
     report = json.loads(path.read_text())
     for mode in ("greedy", "t1.0"):

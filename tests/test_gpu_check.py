@@ -21,7 +21,7 @@ from specdec_ref.bench.run import parse_args
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 DTYPES = ("bfloat16", "float16")
-REPORTS = [f"book/data/bench-{name}-cuda-{dtype}.json" for dtype in DTYPES for name in ("tiny", "gpt2xl-random")]
+REPORTS = [f"specdec_ref/data/bench-{name}-cuda-{dtype}.json" for dtype in DTYPES for name in ("tiny", "gpt2xl-random")]
 
 
 def run_script(*args: str, cwd: Path = ROOT, env: dict | None = None, script: Path = SCRIPT):
@@ -64,7 +64,7 @@ def test_dry_run_prints_the_tests_notebooks_and_bench(dry_run):
     assert [c[c.index("--out") + 1] for c in bench] == REPORTS
     check_line = next(c for c in printed if c[1:4] == ["-m", "specdec_ref.bench.gpu", "check"])
     assert check_line[4:] == REPORTS
-    assert f"+ cp {' '.join(REPORTS)} {out}/book/data/" in result.stdout
+    assert f"+ cp {' '.join(REPORTS)} {out}/specdec_ref/data/" in result.stdout
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -79,11 +79,11 @@ def test_bench_commands_parse_as_the_runs_meant(dry_run, dtype):
         if config.dtype == dtype:
             configs[config.pair] = (config, str(out))
     tiny, tiny_out = configs["tiny"]
-    assert tiny_out == f"book/data/bench-tiny-cuda-{dtype}.json"
+    assert tiny_out == f"specdec_ref/data/bench-tiny-cuda-{dtype}.json"
     assert tiny.k_values == (2, 3, 4, 5, 6) and tiny.modes == ("greedy", "t1.0") and tiny.device == "cuda"
     assert tiny.num_prompts <= 6 and tiny.repeats <= 3 and 64 <= tiny.max_new_tokens <= 128
     random, random_out = configs["random"]
-    assert random_out == f"book/data/bench-gpt2xl-random-cuda-{dtype}.json"
+    assert random_out == f"specdec_ref/data/bench-gpt2xl-random-cuda-{dtype}.json"
     assert random.shape == RANDOM_SHAPES["gpt2-xl"] and random.device == "cuda" and random.modes == ("greedy", "t1.0")
     assert random.num_prompts <= 6 and random.repeats <= 3 and 64 <= random.max_new_tokens <= 128
 
@@ -123,7 +123,7 @@ if args[:2] == ["-m", "specdec_ref.bench"]:
 def sandbox(tmp_path):
     """A copy of the script in an empty repository layout, and a stand-in interpreter."""
     (tmp_path / "scripts").mkdir()
-    (tmp_path / "book" / "data").mkdir(parents=True)
+    (tmp_path / "specdec_ref" / "data").mkdir(parents=True)
     shutil.copy(SCRIPT, tmp_path / "scripts" / "gpu_check.sh")
     python = tmp_path / "python"
     python.write_text(STAND_IN.format(python=sys.executable))
@@ -133,7 +133,7 @@ def sandbox(tmp_path):
 
 def test_a_full_run_summarizes_checks_and_copies_the_reports(sandbox):
     """Every step runs and is summarized; the reports pass the GPU check and come back
-    under OUTDIR/book/data (the only folder a device run returns)."""
+    under OUTDIR/specdec_ref/data (the only folder a device run returns)."""
     root, env = sandbox
     result = run_script("out", cwd=root, env=env, script=root / "scripts" / "gpu_check.sh")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -156,7 +156,7 @@ def test_steps_that_do_not_fit_the_budget_are_skipped_and_fail_the_run(sandbox):
     assert result.returncode == 1
     summary = (root / "out" / "summary.txt").read_text()
     assert summary.count("skipped") == 7  # tests, 2 notebook runs, 4 benchmark runs
-    assert not list((root / "book" / "data").iterdir())
+    assert not list((root / "specdec_ref" / "data").iterdir())
 
 
 def test_report_check_refuses_cpu_reports_and_missing_names(tmp_path):

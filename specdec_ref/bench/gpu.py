@@ -8,7 +8,7 @@ and whether every greedy arm reproduced the baseline's tokens.
 
 Invariant: `check` exits non-zero unless every report was measured on a CUDA device and
 names it (`meta.device_name`), so a report from the wrong machine never reaches
-`book/data/` as a GPU result.
+`specdec_ref/data/` as a GPU result.
 """
 
 from __future__ import annotations

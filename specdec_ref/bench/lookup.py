@@ -7,7 +7,7 @@ tokens. Then, without the copies' timing: where the accepted drafts were copied 
 (prompt or the generated text), tokens per target pass against K, and a sampled
 (temperature 1) control. Writes a JSON report.
 
-Usage: python -m specdec_ref.bench.lookup [--out book/data/prompt-lookup.json] [--repeats 3]
+Usage: python -m specdec_ref.bench.lookup [--out specdec_ref/data/prompt-lookup.json] [--repeats 3]
 """
 
 from __future__ import annotations

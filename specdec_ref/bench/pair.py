@@ -79,7 +79,7 @@ class RandomPairShape:
 # tokens, 1024 positions; SwiGLU, so about 1.76B parameters against 1.56B). The draft is
 # a truncated copy, so it keeps the target's width; it has GPT-2 small's depth (12
 # layers), which sets a batch-1 pass's cost on a GPU, where each layer's kernel launches
-# dominate (book/data/size-sweep-cuda.json, H200: 12 x 768 takes 8.1 ms a pass, 48 x 1600
+# dominate (specdec_ref/data/size-sweep-cuda.json, H200: 12 x 768 takes 8.1 ms a pass, 48 x 1600
 # 30 ms), so c is near gpt2 / gpt2-xl's; it has about 4x GPT-2 small's parameters.
 RANDOM_SHAPES = {
     "tiny": RandomPairShape(),
