@@ -163,9 +163,36 @@ def speculative_step(
     return sequence, record, hit_eos
 
 
+def _as_target_source(target_model: PreTrainedModel | LogitsSource, use_cache: bool,
+                      name: str) -> LogitsSource:
+    """The target as a logits source: a model is wrapped (`make_logits_source`); a source
+    (e.g. `fast.StaticForward`) is used as it is, with its cache emptied first."""
+    if isinstance(target_model, PreTrainedModel):
+        return make_logits_source(target_model, use_cache)
+    if not (callable(getattr(target_model, "last_logits", None))
+            and callable(getattr(target_model, "rollback", None))
+            and isinstance(getattr(target_model, "model", None), PreTrainedModel)):
+        raise TypeError(
+            f"{name} must be a transformers PreTrainedModel or a logits source "
+            "(with .model, last_logits(sequence, num_positions) and "
+            f"rollback(length)), got {type(target_model).__name__}")
+    target_model.rollback(0)
+    return target_model
+
+
+def _check_capacity(source: LogitsSource | Drafter, needed: int, name: str) -> None:
+    """A source with a fixed cache (`max_length`) must hold prompt + new tokens."""
+    inner = getattr(source, "source", source)  # a ModelDrafter's logits source
+    capacity = getattr(inner, "max_length", None)
+    if capacity is not None and needed > capacity:
+        raise ValueError(
+            f"{name} holds at most max_length={capacity} tokens, but the prompt "
+            f"and max_new_tokens need {needed}: build it with a larger max_length")
+
+
 @torch.no_grad()
 def speculative_generate(
-    target_model: PreTrainedModel,
+    target_model: PreTrainedModel | LogitsSource,
     draft_model: PreTrainedModel | Drafter,
     input_ids: torch.Tensor,
     *,
@@ -179,7 +206,9 @@ def speculative_generate(
     """Generate with a draft model proposing and the target model verifying.
 
     Args:
-        target_model: the large model whose distribution the output follows.
+        target_model: the large model whose distribution the output follows,
+            or a logits source over it (e.g. `fast.StaticForward`, the
+            static-cache and CUDA-graph path), whose cache is emptied first.
         draft_model: the small model (sharing the target's vocabulary and
             device), or a `drafting.Drafter` such as chapter 7's
             `lookup.PromptLookupDrafter`.
@@ -197,7 +226,8 @@ def speculative_generate(
             early); an integer-like id (int, numpy integer, 0-d tensor) or a
             list / set / 1-d tensor.
         use_cache: keep a KV cache in both models (False: the teaching path
-            that recomputes every pass from scratch).
+            that recomputes every pass from scratch); a logits source or a
+            drafter keeps its own.
 
     Returns:
         A `GenerationOutput` with `.sequences` (1, n + new), `.stats` and
@@ -215,16 +245,22 @@ def speculative_generate(
     if num_draft_tokens is None:
         num_draft_tokens = (getattr(draft_model, "num_draft_tokens", 4)
                             if given_drafter else 4)
-    models = {"target_model": target_model}
+    target = _as_target_source(target_model, use_cache, "target_model")
+    models = {"target_model": target.model}
     if not given_drafter:
         models["draft_model"] = draft_model
     check_generation_args(models, input_ids, max_new_tokens, sampling,
                           generator, num_draft_tokens)
+    needed = input_ids.size(1) + max_new_tokens
+    _check_capacity(target, needed, "target_model")
     schedule = as_schedule(num_draft_tokens)
     eos = eos_set(eos_token_id)
-    target = make_logits_source(target_model, use_cache)
     draft = draft_model if given_drafter else ModelDrafter(
         make_logits_source(draft_model, use_cache), sampling, generator)
+    _check_capacity(draft, needed, "draft_model")
+    # A drafter may hold a cache from an earlier call: start it empty.
+    draft.rollback(0)
+    target_calls_before = target.forward_calls
     draft_calls_before = draft.forward_calls
     sequence, stats, trace = input_ids, GenerationStats(), []
     while stats.new_tokens < max_new_tokens:
@@ -248,14 +284,14 @@ def speculative_generate(
         trace.append(record)
         if hit_eos:
             break
-    stats.target_calls = target.forward_calls
+    stats.target_calls = target.forward_calls - target_calls_before
     stats.draft_calls = draft.forward_calls - draft_calls_before
     return GenerationOutput(sequence, stats, trace)
 
 
 @torch.no_grad()
 def autoregressive_generate(
-    model: PreTrainedModel,
+    model: PreTrainedModel | LogitsSource,
     input_ids: torch.Tensor,
     *,
     max_new_tokens: int,
@@ -266,12 +302,15 @@ def autoregressive_generate(
 ) -> GenerationOutput:
     """The baseline: one forward pass of `model` per new token.
 
-    Same arguments and output as `speculative_generate`, without the draft model.
-    Its output distribution is the one speculative decoding must reproduce.
+    Same arguments and output as `speculative_generate`, without the draft model
+    (`model` may be a logits source too). Its output distribution is the one
+    speculative decoding must reproduce.
     """
-    check_generation_args({"model": model}, input_ids, max_new_tokens, sampling, generator)
+    source = _as_target_source(model, use_cache, "model")
+    check_generation_args({"model": source.model}, input_ids, max_new_tokens, sampling, generator)
+    _check_capacity(source, input_ids.size(1) + max_new_tokens, "model")
     eos = eos_set(eos_token_id)
-    source = make_logits_source(model, use_cache)
+    calls_before = source.forward_calls
     sequence, stats = input_ids, GenerationStats()
     for _ in range(max_new_tokens):
         probs = logits_to_probs(source.last_logits(sequence, 1), sampling)  # (1, V)
@@ -281,6 +320,6 @@ def autoregressive_generate(
         stats.new_tokens += 1
         if int(token) in eos:
             break
-    stats.target_calls = source.forward_calls
+    stats.target_calls = source.forward_calls - calls_before
     return GenerationOutput(sequence, stats)
 

@@ -43,6 +43,36 @@ def device(request) -> str:
     return request.param
 
 
+# The paths the decoder's exactness tests run through: the models themselves (the
+# teaching and cached path), and the fast path's static cache (`fast.StaticForward`,
+# attending over the whole buffer through a mask as a CUDA graph does; on CUDA it
+# captures and replays the graphs).
+PATHS = ["models", "static"]
+
+
+@pytest.fixture(params=PATHS)
+def path(request) -> str:
+    """Each path of PATHS in turn ("models", "static")."""
+    return request.param
+
+
+def through(path: str, target, draft=None, *, max_length: int, sampling=None, generator=None):
+    """The (target, draft) arguments of `speculative_generate` for `path` (draft None: target only).
+
+    "static" wraps the target in a `StaticForward` and the draft in a `ModelDrafter` over
+    one, which then needs the call's `sampling` and `generator`."""
+    if path == "models":
+        return target, draft
+    from specdec_ref.drafting import ModelDrafter
+    from specdec_ref.fast import StaticForward
+
+    static_target = StaticForward(target, max_length=max_length, static_shapes=True)
+    if draft is None:
+        return static_target, None
+    static_draft = StaticForward(draft, max_length=max_length, static_shapes=True)
+    return static_target, ModelDrafter(static_draft, sampling, generator)
+
+
 def generator_on(device: str, seed: int) -> torch.Generator:
     """A seeded generator on `device`: `sampling.sample` and `rejection.accept_reject`
     draw on the generator's device, so on "cuda" the draws are made on the GPU."""

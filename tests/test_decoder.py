@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from conftest import chi_square_pvalue, exact_joint_law, generator_on, make_model, noisy_copy
+from conftest import chi_square_pvalue, exact_joint_law, generator_on, make_model, noisy_copy, through
 
 from specdec_ref import SamplingConfig, autoregressive_generate, speculative_generate
 from specdec_ref.decoder import GenerationStats
@@ -16,35 +16,39 @@ GREEDY = SamplingConfig(temperature=0.0)
 
 @pytest.mark.parametrize("k", [1, 3, 5])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_greedy_matches_target_generate(close_pair, k, seed, device):
-    """Temperature 0: the same tokens as transformers' greedy generate, float32."""
+def test_greedy_matches_target_generate(close_pair, k, seed, device, path):
+    """Temperature 0: the same tokens as transformers' greedy generate, float32, on every path."""
     target, draft = (model.to(device) for model in close_pair)
     prompt = torch.randint(2, 48, (1, 5), generator=torch.Generator().manual_seed(seed)).to(device)
     expected = target.generate(prompt, max_new_tokens=60, min_new_tokens=60, do_sample=False)
+    target, draft = through(path, target, draft, max_length=65, sampling=GREEDY)
     out = speculative_generate(target, draft, prompt, max_new_tokens=60, num_draft_tokens=k, sampling=GREEDY)
     assert torch.equal(out.sequences, expected)
     assert 0 < out.stats.accepted_tokens < out.stats.drafted_tokens  # both branches were exercised
 
 
-def test_autoregressive_baseline_matches_generate(close_pair, device):
-    """The baseline decoder is the target's own greedy decoding."""
+def test_autoregressive_baseline_matches_generate(close_pair, device, path):
+    """The baseline decoder is the target's own greedy decoding, on every path."""
     target = close_pair[0].to(device)
     prompt = torch.tensor([[3, 4, 5]], device=device)
     expected = target.generate(prompt, max_new_tokens=40, min_new_tokens=40, do_sample=False)
-    assert torch.equal(autoregressive_generate(target, prompt, max_new_tokens=40, sampling=GREEDY).sequences, expected)
+    source, _ = through(path, target, max_length=43)
+    assert torch.equal(autoregressive_generate(source, prompt, max_new_tokens=40, sampling=GREEDY).sequences, expected)
 
 
 @pytest.mark.parametrize(
-    "sampling, use_cache",
+    "sampling, use_cache, path",
     [
-        (SamplingConfig(1.0), True),
-        (SamplingConfig(1.0), False),
-        (SamplingConfig(0.7, top_k=3), True),
-        (SamplingConfig(1.0, top_p=0.8), True),
+        (SamplingConfig(1.0), True, "models"),
+        (SamplingConfig(1.0), False, "models"),
+        (SamplingConfig(0.7, top_k=3), True, "models"),
+        (SamplingConfig(1.0, top_p=0.8), True, "models"),
+        (SamplingConfig(1.0), True, "static"),
+        (SamplingConfig(0.7, top_k=3), True, "static"),
     ],
 )
-def test_sampling_end_to_end_matches_target_law(sampling, use_cache, device):
-    """The joint law of the first 3 generated tokens equals the target's (chi-square)."""
+def test_sampling_end_to_end_matches_target_law(sampling, use_cache, path, device):
+    """The joint law of the first 3 generated tokens equals the target's (chi-square), on every path."""
     vocab = 5
     target = make_model("gpt2", layers=1, width=32, vocab=vocab, seed=7, init_range=0.5)
     draft = noisy_copy(target, noise=0.8, seed=8)
@@ -52,6 +56,8 @@ def test_sampling_end_to_end_matches_target_law(sampling, use_cache, device):
     law = exact_joint_law(target, prompt, sampling, 3, vocab)  # the exact law, on the CPU
     target, draft, prompt = target.to(device), draft.to(device), prompt.to(device)
     generator = generator_on(device, 123)
+    # One static cache for all 3000 runs: each run starts by emptying it.
+    target, draft = through(path, target, draft, max_length=5, sampling=sampling, generator=generator)
     samples, accepted = [], 0
     for _ in range(3000):
         out = speculative_generate(target, draft, prompt, max_new_tokens=3, num_draft_tokens=2,

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import generator_on, make_model, noisy_copy
+from conftest import generator_on, make_model, noisy_copy, through
 
 from specdec_ref import (
     HeuristicDraftLength,
@@ -86,11 +86,12 @@ def test_rollback_restores_logits_in_every_case(family, device):
     assert ("all accepted + bonus", True, False) in seen
 
 
-def test_budget_end_inside_a_block_leaves_consistent_caches(device):
+def test_budget_end_inside_a_block_leaves_consistent_caches(device, path):
     """max_new_tokens reached mid-block: K shrinks, output length is exact, caches agree."""
     target = make_model("llama", layers=2, seed=1).to(device)
     prompt = torch.tensor([[5, 6]], device=device)
-    out = speculative_generate(target, target, prompt, max_new_tokens=7, num_draft_tokens=4,
+    first, second = through(path, target, target, max_length=9, sampling=GREEDY)
+    out = speculative_generate(first, second, prompt, max_new_tokens=7, num_draft_tokens=4,
                                sampling=GREEDY)
     # Perfect draft: blocks of K + 1 = 5 tokens, then the budget allows only K = 1.
     assert [len(r.emitted) for r in out.trace] == [5, 2]

@@ -1,0 +1,21 @@
+"""The fast path: a static KV cache whose passes a GPU captures as CUDA graphs.
+
+* `blocks`: a GPT-2 or Llama-style model cut into embed / blocks / head, so a pass
+  can be run with an attention over a cache this package owns;
+* `static`: `StaticForward`, a `kv_cache.LogitsSource` over a preallocated cache
+  (rollback moves a length) that replays one CUDA graph per pass size on a GPU.
+
+Use it as any logits source: the target directly, the draft through a drafter,
+
+    target = StaticForward(target_model, max_length=n + max_new_tokens)
+    drafter = ModelDrafter(StaticForward(draft_model, max_length=n + max_new_tokens), sampling, generator)
+    speculative_generate(target, drafter, input_ids, max_new_tokens=..., sampling=sampling, ...)
+
+and the output is the same as with the models themselves (exactly, up to float
+rounding in the logits): only the time per pass changes.
+"""
+
+from .blocks import FAMILIES, static_unsupported
+from .static import StaticForward
+
+__all__ = ["FAMILIES", "StaticForward", "static_unsupported"]
