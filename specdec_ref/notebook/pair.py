@@ -11,10 +11,11 @@ Colab, CUDA), so a notebook's pair is known before anything is loaded.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -25,13 +26,40 @@ DTYPE_ENV = "SPECDEC_DTYPE"
 THREADS_ENV = "SPECDEC_THREADS"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # How far two computations of the same probabilities may differ in each dtype (one pass
-# against K + 1 passes, cached against uncached): float32 rounding, or half precision's
-# 8 (bfloat16) and 11 (float16) significant bits. Measured on the tiny pair in bfloat16:
-# up to 7.8e-3 between the one-pass and the incremental p over 20 drafts.
+# against K + 1 passes, cached against uncached), at least: float32 rounding, or half
+# precision's 8 (bfloat16) and 11 (float16) significant bits. Measured on the tiny pair in
+# bfloat16: up to 7.8e-3 between the one-pass and the incremental p over 20 drafts. A pair
+# whose logits are larger needs more: see `probability_tolerance`.
 TOLERANCES = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 1e-2}
+# The text whose logits give a pair's logit scale (any short text will do).
+SCALE_TEXT = "The capital of France is"
 # The pair a Colab GPU gets (the article's), and the one everything else gets.
 GPU_PAIR = "gpt2"
 CPU_PAIR = "tiny"
+
+
+def probability_tolerance(dtype: torch.dtype, logit_scale: float) -> float:
+    """How far two computations of the same probabilities may differ, from the dtype and the logits' scale.
+
+    Probabilities are computed in float32 (`sampling.logits_to_probs`), but the logits come
+    out of the model rounded to its dtype: near a logit of size s, one unit in the last
+    place (ulp) is 2 ** floor(log2 s) * eps, so two computations of the same logit can
+    differ by one ulp. A softmax moves p_i by p_i * (dz_i - sum_j p_j dz_j), at most half
+    the largest logit change: the bound is ulp(s) / 2, and never less than `TOLERANCES`.
+    The tiny pair's top logits are about 9 in size (bfloat16: 3.1e-2); logits of 64 to 128
+    get 0.25 in bfloat16 and 3.1e-2 in float16. On GPT-2 XL in bfloat16 the one-pass and
+    K + 1-pass probabilities were measured 0.060 apart, twice the tiny pair's 3e-2.
+
+    Args:
+        dtype: the dtype the model computes in.
+        logit_scale: the size of the largest logits that matter (`BookPair.logit_scale`).
+    """
+    if dtype not in TOLERANCES:
+        raise ValueError(f"dtype must be one of {', '.join(map(str, TOLERANCES))}, got {dtype!r}")
+    if not logit_scale >= 0:  # also refuses nan
+        raise ValueError(f"logit_scale must be a non-negative number, got {logit_scale!r}")
+    ulp = 2.0 ** math.floor(math.log2(max(logit_scale, 1.0))) * torch.finfo(dtype).eps
+    return max(TOLERANCES[dtype], ulp / 2)
 
 
 def cpu_threads(environ: Mapping[str, str] | None = None) -> int:
@@ -103,6 +131,7 @@ class BookPair:
     target_model: PreTrainedModel  # the large model whose distribution the output must follow
     tokenizer: PreTrainedTokenizerBase  # shared by both models
     device: torch.device  # where both models live
+    _logit_scale: float | None = field(default=None, repr=False)  # measured once, by `logit_scale`
 
     @property
     def dtype(self) -> torch.dtype:
@@ -110,9 +139,18 @@ class BookPair:
         return next(self.target_model.parameters()).dtype
 
     @property
+    @torch.no_grad()
+    def logit_scale(self) -> float:
+        """The size of the target's top logits: the largest |max logit| over the positions of `SCALE_TEXT`."""
+        if self._logit_scale is None:
+            logits = self.target_model(self.encode(SCALE_TEXT)).logits[0]  # (n, V)
+            self._logit_scale = logits.float().amax(-1).abs().max().item()
+        return self._logit_scale
+
+    @property
     def tolerance(self) -> float:
-        """How far two computations of the same probabilities may differ in this dtype."""
-        return TOLERANCES[self.dtype]
+        """How far two computations of the same probabilities may differ, in this dtype at these logits' scale."""
+        return probability_tolerance(self.dtype, self.logit_scale)
 
     @torch.no_grad()
     def parting(self, ours: Sequence[int], theirs: Sequence[int]) -> tuple[int, float] | None:
