@@ -6,8 +6,12 @@
 #      float32 CPU ones, so only errors and the notebooks' own asserts count). These three
 #      jobs check correctness only, so they run side by side;
 #   2. then, alone on the machine, the benchmark (`python -m specdec_ref.bench`) in
-#      bfloat16 and float16: the tiny pair, and random-init models of GPT-2 XL's shapes
-#      (`--random-shape gpt2-xl`: a 48 x 1600 target, its first 12 layers as the draft).
+#      bfloat16: random-init models of the article's shapes (`--pair gpt2-shapes`: GPT-2
+#      12 x 768 drafting for GPT-2 XL 48 x 1600, real vocabulary), with the fast path's
+#      arms (static cache, CUDA graphs: `specdec_ref.fast`), compiled `generate` and the
+#      fast path's costs against the bandwidth floor (report "fast_path"); then the tiny
+#      pair (real alpha). `BENCH_PAIRS=gpt2xl` adds the older Llama run of GPT-2 XL's
+#      shapes (`--random-shape gpt2-xl`: a 48 x 1600 target, its first 12 layers as draft).
 #      Reports: specdec_ref/data/bench-tiny-cuda-<dtype>.json and
 #      specdec_ref/data/bench-gpt2xl-random-cuda-<dtype>.json, each naming the GPU
 #      (meta.device_name, checked by `python -m specdec_ref.bench.gpu check`).
@@ -23,13 +27,19 @@
 # Time: each step has a limit, and the whole script a budget (GPU_CHECK_BUDGET seconds,
 # default 480): a step never runs past it, and a benchmark that could not finish in the
 # time left is skipped, not started (an interrupted one writes nothing). Sizes come from
-# the H200 timings in specdec_ref/data/size-sweep-cuda.json (bf16, one 1-token cached pass: tiny
-# target 5.1 ms, its draft 1.9 ms, 48 x 1600 target 30 ms): the tiny benchmark runs 44
-# arms x (1 warm-up + 2 prompts) of 64 tokens, about 1 min; the gpt2-xl one 20 arms x
-# (1 warm-up + 1 prompt) of 64 tokens after building 1.76B parameters on the CPU (about
-# 40 s), about 1.7 min. 6 prompts x 3 repeats of 128 tokens: about 10 min per tiny run.
-# TINY_SIZE and XL_SIZE override the sizes (extra arguments to the benchmark);
-# BENCH_DTYPES (default "bfloat16 float16") and BENCH_PAIRS ("tiny gpt2xl") pick the runs.
+# the H200 timings in specdec_ref/data/size-sweep-cuda.json (bf16, one 1-token eager pass:
+# tiny target 5.1 ms, its draft 1.9 ms, 48 x 1600 target 30 ms, 12 x 768 8.1 ms). The
+# gpt2-shapes run (first: it is what the fast path is for) has 2 modes x (13 arms at
+# K = 1, 2, 4, among them compiled `generate` and assisted generation, + 10 fast arms at
+# K = 1..8 and the model's K) x (1 warm-up + 2 repeats) of 32 tokens on one prompt; its
+# random pair accepts almost nothing, so an eager arm at K costs about 32 (8.1 K + 30) ms:
+# about 15 s per mode and round, 1.5 min, plus up to 1 min compiling `generate` and
+# 20 s timing the passes; the tiny run 2 x 33 arms x (1 warm-up + 2 prompts) of 64 tokens,
+# about 1 min. 6 prompts x 3 repeats of 128 tokens: about 10 min per tiny run.
+# TINY_SIZE, SHAPES_SIZE and XL_SIZE override the sizes (extra arguments to the benchmark),
+# SHAPES_PAIR the shapes (gpt2-shapes-small: tiny GPT-2 models, for a dry run on a CPU);
+# BENCH_DTYPES (default "bfloat16") and BENCH_PAIRS ("gpt2shapes tiny"; also "gpt2xl")
+# pick the runs.
 #
 # Needs pytest (pytest-xdist if present), scipy, nbval, ipykernel and ipywidgets; where
 # the machine lacks them, put their wheels in .whl/. PYTHON picks the interpreter.
@@ -58,8 +68,10 @@ started=$(date +%s)
 left() { echo $(( budget - ($(date +%s) - started) )); }
 TINY_SIZE=${TINY_SIZE:---num-prompts 2 --repeats 1 --max-new-tokens 64}
 XL_SIZE=${XL_SIZE:---k-values 4 --num-prompts 1 --repeats 1 --max-new-tokens 64 --prompt-tokens 32 --quick}
-BENCH_DTYPES=${BENCH_DTYPES:-bfloat16 float16}
-BENCH_PAIRS=${BENCH_PAIRS:-tiny gpt2xl}
+SHAPES_SIZE=${SHAPES_SIZE:---k-values 1,2,4 --fast-k-values 1,2,3,4,5,6,7,8 --num-prompts 1 --repeats 2 --max-new-tokens 32 --prompt-tokens 32}
+SHAPES_PAIR=${SHAPES_PAIR:-gpt2-shapes}
+BENCH_DTYPES=${BENCH_DTYPES:-bfloat16}
+BENCH_PAIRS=${BENCH_PAIRS:-gpt2shapes tiny}
 
 if [ "$dry" = 1 ]; then
     echo "dry run: nothing is run (budget ${budget} s, output in $out/)"
@@ -133,10 +145,15 @@ if wants bench; then
     for dtype in $BENCH_DTYPES; do
         for pair in $BENCH_PAIRS; do
             # The sizes come last: later arguments win, so TINY_SIZE / XL_SIZE may change any.
-            if [ "$pair" = tiny ]; then
+            if [ "$pair" = gpt2shapes ]; then
+                report=specdec_ref/data/bench-gpt2-shapes-cuda-$dtype.json
+                # shellcheck disable=SC2086  # SHAPES_SIZE holds several arguments
+                args=(--pair "$SHAPES_PAIR" --modes greedy,t1.0 --fast $SHAPES_SIZE)
+                limit=240 needs=120
+            elif [ "$pair" = tiny ]; then
                 report=specdec_ref/data/bench-tiny-cuda-$dtype.json
                 # shellcheck disable=SC2086  # TINY_SIZE holds several arguments
-                args=(--pair tiny --modes greedy,t1.0 --k-values 2,3,4,5,6 $TINY_SIZE)
+                args=(--pair tiny --modes greedy,t1.0 --k-values 2,3,4,5,6 --fast $TINY_SIZE)
                 limit=150 needs=60
             elif [ "$pair" = gpt2xl ]; then
                 report=specdec_ref/data/bench-gpt2xl-random-cuda-$dtype.json
@@ -144,7 +161,7 @@ if wants bench; then
                 args=(--pair random --random-shape gpt2-xl --modes greedy,t1.0 $XL_SIZE)
                 limit=180 needs=90
             else
-                summary "bench $pair: unknown pair in BENCH_PAIRS (tiny, gpt2xl)"
+                summary "bench $pair: unknown pair in BENCH_PAIRS (gpt2shapes, tiny, gpt2xl)"
                 continue
             fi
             if step "bench $pair $dtype" "$limit" "$needs" "$out/bench-$pair-$dtype.log" \

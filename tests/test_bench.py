@@ -45,7 +45,8 @@ def test_bench_writes_the_report_it_returns(bench_run):
     assert written == json.loads(json.dumps(returned))
     assert set(written) == {"meta", "cost_ratio", "lean_cost_ratio", "loop_cost_ratio", "lean_loop_cost_ratio",
                             "verify_cost", "baselines", "arms", "greedy_identical",
-                            "greedy_mismatches", "headline"}
+                            "greedy_mismatches", "headline", "fast_path"}
+    assert written["fast_path"] is None and written["meta"]["fast"] is False  # on a CPU only when asked
     meta = written["meta"]
     for key in ("pair", "device", "dtype", "torch", "transformers", "date", "prompts", "max_new_tokens", "repeats",
                 "threads"):
@@ -136,6 +137,32 @@ def test_bfloat16_grouped_run_times_every_baseline_variant_and_stays_greedy_exac
     assert report["baselines"]["greedy"] == fastest and arms[fastest]["speedup"] == pytest.approx(1.0)
     assert report["greedy_identical"] is True
     assert "over hf generate" in format_table(report)
+
+
+def test_fast_arms_run_on_the_article_shapes_and_report_their_costs_and_predictions(tmp_path):
+    """`--fast` on random GPT-2 models (small stand-ins for the article's shapes): the fast
+    arms run, reproduce generate's greedy tokens, and the report gives both paths' step
+    times, c, v(K), the bandwidth floor and the model's predictions at alpha 0.6-0.8."""
+    argv = ["--pair", "gpt2-shapes-small", "--fast", "--modes", "greedy", "--k-values", "2",
+            "--fast-k-values", "1,3", "--num-prompts", "1", "--repeats", "1", "--max-new-tokens", "10",
+            "--threads", "1", "--no-progress", "--out", str(tmp_path / "bench.json")]
+    with torch_threads():
+        report = main(argv)
+    names = {arm["name"] for arm in report["arms"]}
+    assert {"specdec_ref autoregressive fast", "specdec_ref k=1 fast", "specdec_ref k=3 fast",
+            "specdec_ref model fast"} <= names and "specdec_ref k=3" not in names
+    assert report["greedy_identical"] is True
+    fast = report["fast_path"]
+    for path in ("fast", "eager"):
+        costs = fast[path]
+        assert costs["target_ms"] > 0 and costs["draft_ms"] > 0 and costs["cost_ratio"] > 0
+        assert set(costs["verify_cost"]) == {str(k) for k in range(1, 9)}
+        assert costs["target_over_floor"] == pytest.approx(costs["target_ms"] / fast["floor_ms"]["target"])
+    assert fast["fast"]["cuda_graphs"] is False and fast["bandwidth_gb_s"] > 0
+    predictions = fast["modes"]["greedy"]["predictions"]["fast"]
+    assert set(predictions) == {"0.6", "0.7", "0.8"}
+    assert all(1 <= row["k"] <= 8 and row["speedup_over_baseline"] > 0 for row in predictions.values())
+    assert "fast path (static cache) against eager" in format_table(report)
 
 
 def test_greedy_check_reports_a_mismatch():

@@ -20,8 +20,10 @@ from specdec_ref.bench.run import parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
-DTYPES = ("bfloat16", "float16")
-REPORTS = [f"specdec_ref/data/bench-{name}-cuda-{dtype}.json" for dtype in DTYPES for name in ("tiny", "gpt2xl-random")]
+DTYPES = ("bfloat16", "float16")  # the notebooks run in both
+BENCH_DTYPES = ("bfloat16",)  # the benchmark runs in these
+REPORTS = [f"specdec_ref/data/bench-{name}-cuda-{dtype}.json" for dtype in BENCH_DTYPES
+           for name in ("gpt2-shapes", "tiny")]
 
 
 def run_script(*args: str, cwd: Path = ROOT, env: dict | None = None, script: Path = SCRIPT):
@@ -50,7 +52,7 @@ def test_dry_run_exits_0_and_runs_nothing(dry_run):
 
 
 def test_dry_run_prints_the_tests_notebooks_and_bench(dry_run):
-    """The unit tests, the notebooks in both half precisions, four benchmark runs on CUDA,
+    """The unit tests, the notebooks in both half precisions, two benchmark runs on CUDA,
     the check of their reports and their copy into the output folder, with their paths."""
     result, out = dry_run
     printed = commands(result.stdout)
@@ -67,10 +69,11 @@ def test_dry_run_prints_the_tests_notebooks_and_bench(dry_run):
     assert f"+ cp {' '.join(REPORTS)} {out}/specdec_ref/data/" in result.stdout
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", BENCH_DTYPES)
 def test_bench_commands_parse_as_the_runs_meant(dry_run, dtype):
     """Each printed benchmark command is a valid command line: on CUDA, in its dtype, the
-    tiny pair with K = 2..6 and the random pair with the gpt2-xl shapes, greedy and T = 1."""
+    article's shapes with the fast path at K = 1..8, and the tiny pair with K = 2..6 and
+    the fast path, greedy and T = 1."""
     result, _ = dry_run
     bench = [c for c in commands(result.stdout) if c[1:3] == ["-m", "specdec_ref.bench"]]
     configs = {}
@@ -78,14 +81,23 @@ def test_bench_commands_parse_as_the_runs_meant(dry_run, dtype):
         config, out = parse_args(command[3:])
         if config.dtype == dtype:
             configs[config.pair] = (config, str(out))
+    shapes, shapes_out = configs["gpt2-shapes"]
+    assert shapes_out == f"specdec_ref/data/bench-gpt2-shapes-cuda-{dtype}.json"
+    assert shapes.fast and shapes.fast_k_values == tuple(range(1, 9)) and shapes.device == "cuda"
+    assert shapes.modes == ("greedy", "t1.0") and shapes.num_prompts == 1 and shapes.repeats <= 3
     tiny, tiny_out = configs["tiny"]
     assert tiny_out == f"specdec_ref/data/bench-tiny-cuda-{dtype}.json"
     assert tiny.k_values == (2, 3, 4, 5, 6) and tiny.modes == ("greedy", "t1.0") and tiny.device == "cuda"
-    assert tiny.num_prompts <= 6 and tiny.repeats <= 3 and 64 <= tiny.max_new_tokens <= 128
-    random, random_out = configs["random"]
-    assert random_out == f"specdec_ref/data/bench-gpt2xl-random-cuda-{dtype}.json"
-    assert random.shape == RANDOM_SHAPES["gpt2-xl"] and random.device == "cuda" and random.modes == ("greedy", "t1.0")
-    assert random.num_prompts <= 6 and random.repeats <= 3 and 64 <= random.max_new_tokens <= 128
+    assert tiny.fast and tiny.num_prompts <= 6 and tiny.repeats <= 3 and 64 <= tiny.max_new_tokens <= 128
+
+
+def test_the_older_llama_run_of_gpt2_xl_shapes_can_still_be_asked_for():
+    """BENCH_PAIRS=gpt2xl prints the random Llama pair with GPT-2 XL's shapes."""
+    result = run_script("--dry-run", "--only", "bench", "/tmp/unused", env={"BENCH_PAIRS": "gpt2xl"})
+    (command,) = [c for c in commands(result.stdout) if c[1:3] == ["-m", "specdec_ref.bench"]]
+    config, out = parse_args(command[3:])
+    assert config.pair == "random" and config.shape == RANDOM_SHAPES["gpt2-xl"]
+    assert str(out) == "specdec_ref/data/bench-gpt2xl-random-cuda-bfloat16.json"
 
 
 def test_only_selects_steps_and_rejects_unknown_ones():
@@ -94,7 +106,7 @@ def test_only_selects_steps_and_rejects_unknown_ones():
     assert result.returncode == 0
     printed = commands(result.stdout)
     assert not any(c[-1] in ("tests", "notebooks/") for c in printed)
-    assert sum(c[1:3] == ["-m", "specdec_ref.bench"] for c in printed) == 4
+    assert sum(c[1:3] == ["-m", "specdec_ref.bench"] for c in printed) == 2
     refused = run_script("--dry-run", "--only", "bench,gpu", "/tmp/unused")
     assert refused.returncode == 2 and "unknown step 'gpu'" in refused.stderr
 
@@ -139,12 +151,12 @@ def test_a_full_run_summarizes_checks_and_copies_the_reports(sandbox):
     assert result.returncode == 0, result.stdout + result.stderr
     summary = (root / "out" / "summary.txt").read_text()
     for name in ("versions", "unit tests", "notebooks in float16", "notebooks in bfloat16", "bench tiny bfloat16",
-                 "bench gpt2xl float16", "reports name their GPU"):
+                 "bench gpt2shapes bfloat16", "reports name their GPU"):
         assert f"{name}" in summary and "skipped" not in summary
     for report in REPORTS:
         copied = json.loads((root / "out" / report).read_text())
         assert copied["meta"]["device_name"] == "Stand-in GPU"
-    assert "Stand-in GPU | tiny float16" in (root / "out" / "reports.txt").read_text()
+    assert "Stand-in GPU | tiny bfloat16" in (root / "out" / "reports.txt").read_text()
 
 
 def test_steps_that_do_not_fit_the_budget_are_skipped_and_fail_the_run(sandbox):
@@ -155,7 +167,7 @@ def test_steps_that_do_not_fit_the_budget_are_skipped_and_fail_the_run(sandbox):
                         script=root / "scripts" / "gpu_check.sh")
     assert result.returncode == 1
     summary = (root / "out" / "summary.txt").read_text()
-    assert summary.count("skipped") == 7  # tests, 2 notebook runs, 4 benchmark runs
+    assert summary.count("skipped") == 5  # tests, 2 notebook runs, 2 benchmark runs
     assert not list((root / "specdec_ref" / "data").iterdir())
 
 

@@ -7,12 +7,13 @@ with the heuristic and the model-based draft length). Each arm runs in one of th
 modes: greedy, or sampling at temperature 1 or 0.7 with no top-k and no top-p, set
 explicitly in every arm (`generate` would otherwise sample with top_k=50).
 
-`ForwardMeter` puts forward hooks on both models: it counts their forward passes and
-adds up the time spent inside them (synchronizing a GPU at each boundary), so the
+`meter.ForwardMeter` puts forward hooks on both models: it counts their forward passes
+and adds up the time spent inside them (synchronizing a GPU at each boundary), so the
 share of wall time spent outside the models, the loop's own overhead, is measured
-the same way for every arm. For assisted generation, which reports no counters,
-alpha is derived from the hooks: every target pass emits the accepted drafts plus one
-token, so accepted = new tokens - target passes, and every assistant pass drafts one.
+the same way for every arm (`meter.MeteredSource` for the passes that bypass the
+hooks). For assisted generation, which reports no counters, alpha is derived from the
+hooks: every target pass emits the accepted drafts plus one token, so accepted =
+new tokens - target passes, and every assistant pass drafts one.
 
 Invariant: within a mode, every arm gets the same prompt, the same token budget and
 EOS switched off, so their token counts, and in greedy mode their tokens, must agree.
@@ -21,7 +22,6 @@ EOS switched off, so their token counts, and in greedy mode their tokens, must a
 from __future__ import annotations
 
 import copy
-import time
 from dataclasses import asdict, dataclass
 
 import torch
@@ -30,11 +30,13 @@ from transformers import PreTrainedModel
 from ..analysis import arm_cost_ratio
 from ..decoder import autoregressive_generate, speculative_generate
 from ..drafting import ModelDrafter
+from ..fast import StaticForward
 from ..lean import LeanForward
 from ..packed import set_packing
 from ..sampling import SamplingConfig
 from ..schedules import HeuristicDraftLength, ModelBasedDraftLength
-from ..timing import synchronize, time_call
+from ..timing import time_call
+from .meter import ForwardMeter, MeteredSource
 from .pair import BenchPair, PassCosts
 
 # The modes of the benchmark and the sampling settings each stands for.
@@ -57,6 +59,7 @@ class Arm:
     schedule: str | None  # "fixed", "heuristic", "model", "default" (transformers), None (no draft)
     lean: bool = False  # the draft runs through `lean.LeanForward` (same weights, no framework overhead)
     variant: str | None = None  # a key of VARIANTS: `generate` on the target configured otherwise
+    fast: bool = False  # both models run through `fast.StaticForward` (static cache; CUDA graphs on a GPU)
 
     @property
     def speculative(self) -> bool:
@@ -76,12 +79,14 @@ VARIANTS = {
     "float32": "a float32 copy of the target, linear layers as loaded, sdpa attention",
     "1 thread": "one torch thread (`torch.set_num_threads`), sdpa attention",
     "2 threads": "two torch threads (`torch.set_num_threads`), sdpa attention",
+    "compiled": "a static cache, compiled by transformers with torch.compile (cache_implementation='static')",
 }
 THREAD_VARIANTS = {"1 thread": 1, "2 threads": 2}  # variant -> the thread count it runs with
 
 
 def build_arms(modes: list[str], k_values: list[int], *, nocache_k: int = 4, model_schedule: bool = True,
-               lean: bool = False, variants: tuple[str, ...] = ()) -> list[Arm]:
+               lean: bool = False, variants: tuple[str, ...] = (), fast: bool = False,
+               fast_k_values: list[int] | None = None) -> list[Arm]:
     """Every arm of the benchmark, mode by mode (the baseline first in each mode).
 
     Args:
@@ -92,6 +97,9 @@ def build_arms(modes: list[str], k_values: list[int], *, nocache_k: int = 4, mod
         lean: also run the fixed-K and model-schedule arms with the lean draft forward.
         variants: keys of `VARIANTS`: also run `generate` so configured ("hf generate plain",
             ...), so that the baseline can take the fastest configuration.
+        fast: also run the target alone, the fixed-K and the model-schedule arms with both
+            models on the fast path (`fast.StaticForward`).
+        fast_k_values: the fixed K of the fast arms (default: `k_values`).
     """
     unknown = [mode for mode in modes if mode not in MODES]
     if unknown or not modes:
@@ -114,6 +122,12 @@ def build_arms(modes: list[str], k_values: list[int], *, nocache_k: int = 4, mod
             arms += [Arm(f"specdec_ref k={k} lean", "specdec_ref", mode, k, True, "fixed", True) for k in k_values]
             if model_schedule:
                 arms.append(Arm("specdec_ref model lean", "specdec_ref", mode, None, True, "model", True))
+        if fast:
+            arms.append(Arm("specdec_ref autoregressive fast", "specdec_ref", mode, None, True, None, fast=True))
+            arms += [Arm(f"specdec_ref k={k} fast", "specdec_ref", mode, k, True, "fixed", fast=True)
+                     for k in fast_k_values or k_values]
+            if model_schedule:
+                arms.append(Arm("specdec_ref model fast", "specdec_ref", mode, None, True, "model", fast=True))
     return arms
 
 
@@ -129,49 +143,6 @@ def assisted_defaults() -> dict:
     # Without scikit-learn, transformers keeps the confidence threshold fixed instead of adapting it.
     return {**{key: defaults.get(key, getattr(fresh, key, None)) for key in keys},
             "threshold_adapts": bool(is_sklearn_available())}
-
-
-class ForwardMeter:
-    """Counts forward passes of named models and the seconds spent inside them."""
-
-    def __init__(self, models: dict[str, PreTrainedModel], device: torch.device) -> None:
-        self.device = device
-        self.calls = dict.fromkeys(models, 0)
-        self.seconds = dict.fromkeys(models, 0.0)
-        self._started: dict[str, float] = {}
-        self._handles = []
-        for name, model in models.items():
-            self._handles.append(model.register_forward_pre_hook(self._pre_hook(name)))
-            self._handles.append(model.register_forward_hook(self._post_hook(name)))
-
-    def _pre_hook(self, name: str):
-        def hook(module, args):
-            synchronize(self.device)
-            self._started[name] = _now()
-
-        return hook
-
-    def _post_hook(self, name: str):
-        def hook(module, args, output):
-            synchronize(self.device)
-            self.seconds[name] += _now() - self._started.pop(name)
-            self.calls[name] += 1
-
-        return hook
-
-    def reset(self) -> None:
-        self.calls = dict.fromkeys(self.calls, 0)
-        self.seconds = dict.fromkeys(self.seconds, 0.0)
-
-    def remove(self) -> None:
-        """Take the hooks off the models."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-
-
-def _now() -> float:
-    return time.perf_counter()
 
 
 @dataclass
@@ -195,10 +166,16 @@ class ArmRunner:
     """Runs arms on a pair, with hooks on both models and the pass costs the model schedule needs."""
 
     def __init__(self, pair: BenchPair, *, max_new_tokens: int, costs: PassCosts,
-                 float32_target: PreTrainedModel | None = None) -> None:
+                 float32_target: PreTrainedModel | None = None, fast_costs: dict | None = None,
+                 max_length: int | None = None) -> None:
         self.pair = pair
         self.max_new_tokens = max_new_tokens
         self.costs = costs
+        self.fast_costs = fast_costs  # `bench.fast.measure_fast_costs`, for the fast arms' schedule
+        # One static cache per model for every fast arm (its CUDA graphs are captured once).
+        self.static = {} if max_length is None else {
+            role: StaticForward(getattr(pair, f"{role}_model"), max_length=max_length, max_graph_tokens=16)
+            for role in ("target", "draft")}
         self.float32_target = float32_target  # the "float32" variant's model
         models = {"target": pair.target_model, "draft": pair.draft_model}
         if float32_target is not None:
@@ -268,6 +245,8 @@ class ArmRunner:
                       **arm.sampling.generate_kwargs()}
             if arm.speculative:
                 kwargs["assistant_model"] = draft
+            if arm.variant == "compiled":
+                kwargs["cache_implementation"] = "static"  # transformers then compiles the forward
             torch.manual_seed(seed)
             with torch.no_grad():
                 output = target.generate(input_ids, **kwargs)  # (1, n + new)
@@ -275,8 +254,15 @@ class ArmRunner:
         generator = torch.Generator(device=self.pair.device).manual_seed(seed)
         common = {"max_new_tokens": self.max_new_tokens, "sampling": arm.sampling, "generator": generator,
                   "eos_token_id": None, "use_cache": arm.use_cache}
-        if arm.lean:
-            drafter = ModelDrafter(MeteredLean(draft, self.meter), arm.sampling, generator)
+        if arm.fast:
+            target = MeteredSource(self.static["target"], self.meter, "target")
+            if not arm.speculative:
+                out = autoregressive_generate(target, input_ids, **common)
+                return out.sequences[0, n:].tolist(), out.stats
+            drafter = ModelDrafter(MeteredSource(self.static["draft"], self.meter, "draft"), arm.sampling, generator)
+            out = speculative_generate(target, drafter, input_ids, num_draft_tokens=self._schedule(arm), **common)
+        elif arm.lean:
+            drafter = ModelDrafter(MeteredSource(LeanForward(draft), self.meter, "draft"), arm.sampling, generator)
             out = speculative_generate(target, drafter, input_ids, num_draft_tokens=self._schedule(arm), **common)
         elif arm.speculative:
             out = speculative_generate(target, draft, input_ids, num_draft_tokens=self._schedule(arm), **common)
@@ -309,21 +295,8 @@ class ArmRunner:
         verify_cost = self.costs.verify_cost
         # The schedule plans with the c the loop pays (draft passes after a target pass).
         cost_ratio = arm_cost_ratio(asdict(self.costs), {"lean": arm.lean})
+        if arm.fast:  # the fast path's own costs
+            fast = self.fast_costs["fast"]
+            cost_ratio = fast["cost_ratio"]
+            verify_cost = {int(k): v for k, v in fast["verify_cost"].items()}
         return ModelBasedDraftLength(cost_ratio=cost_ratio, verify_cost=verify_cost, max_k=max(verify_cost))
-
-
-class MeteredLean(LeanForward):
-    """`LeanForward` whose passes the `ForwardMeter` counts and times as the draft's (it has no hooks)."""
-
-    def __init__(self, model: PreTrainedModel, meter: ForwardMeter) -> None:
-        super().__init__(model)
-        self.meter = meter
-
-    def last_logits(self, sequence: torch.Tensor, num_positions: int) -> torch.Tensor:
-        synchronize(self.meter.device)
-        start = _now()
-        logits = super().last_logits(sequence, num_positions)
-        synchronize(self.meter.device)
-        self.meter.seconds["draft"] += _now() - start
-        self.meter.calls["draft"] += 1
-        return logits

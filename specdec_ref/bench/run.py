@@ -36,19 +36,18 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from ..analysis import predicted_vs_measured
 from ..packed import pack_linear_layers, packing_unsupported
 from ..rowwise import GROUPED, ROWWISE
-from ..timing import Timing
 from .arms import VARIANTS, Arm, ArmRunner, RunRecord, assisted_defaults, build_arms
+from .fast import compiled_generate_error, fast_section, fast_unsupported, gpt2_shapes_pair, measure_fast_costs
 from .pair import RANDOM_SHAPES, RandomPairShape, bench_prompts, load_bench_pair, measure_costs
+from .summary import BASELINE, greedy_mismatches, headline, summarize
 from .table import format_table
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-BASELINE = "hf generate"
 # The baseline of each mode: the fastest of target-only `generate` with the models as run and
 # its variants (`arms.VARIANTS`): the baseline's fastest configuration.
-BASELINES = (BASELINE, *(f"{BASELINE} {variant}" for variant in VARIANTS))
+BASELINES = (BASELINE, *(f"{BASELINE} {variant}" for variant in VARIANTS), "specdec_ref autoregressive fast")
 ATTENTIONS = ("sdpa", "eager", ROWWISE, GROUPED)  # both models' attention implementation (None: as loaded)
 LINEAR_KINDS = ("auto", "packed", "plain")  # `packed`: every arm's models run `packed.PackedLinear` layers
 
@@ -75,6 +74,8 @@ class BenchConfig:
     lean: bool = True  # add arms whose draft runs through `lean.LeanForward` (Llama-style drafts only)
     linear: str = "auto"  # a key of LINEAR_KINDS; auto: packed where `packed.packing_unsupported` allows
     attention: str | None = None  # one of ATTENTIONS for both models (None: as loaded, sdpa)
+    fast: bool | None = None  # fast-path arms (`bench.fast`); None: on a GPU, where the pair allows
+    fast_k_values: tuple[int, ...] | None = None  # fixed K of the fast arms (None: k_values)
 
     def __post_init__(self) -> None:
         for name in ("max_new_tokens", "repeats", "num_prompts", "prompt_tokens", "nocache_k", "cost_repeats"):
@@ -97,7 +98,10 @@ def run_benchmark(config: BenchConfig) -> dict:
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    pair = load_bench_pair(config.pair, device=device, dtype=DTYPES[config.dtype], shape=config.shape)
+    if config.pair in ("gpt2-shapes", "gpt2-shapes-small"):  # random GPT-2 / GPT-2 XL shapes (bench.fast)
+        pair = gpt2_shapes_pair(device=device, dtype=DTYPES[config.dtype], small=config.pair.endswith("small"))
+    else:
+        pair = load_bench_pair(config.pair, device=device, dtype=DTYPES[config.dtype], shape=config.shape)
     # The "float32" baseline variant: generate on a float32 copy, as loaded (made before packing).
     float32_target = None
     if device.type == "cpu" and config.dtype != "float32":
@@ -116,9 +120,20 @@ def run_benchmark(config: BenchConfig) -> dict:
                                            seed=config.seed)
     context = max(p.size(1) for p in prompts) + config.max_new_tokens // 2
     costs = measure_costs(pair, context=context, max_k=max(8, *config.k_values), repeats=config.cost_repeats)
+    fast = (device.type == "cuda" if config.fast is None else config.fast) and fast_unsupported(pair) is None
+    fast_costs = compile_error = None
+    fast_k = list(config.fast_k_values or config.k_values)
+    if fast:
+        fast_costs = measure_fast_costs(pair, context=context, max_k=max(8, *fast_k), repeats=config.cost_repeats)
+    if device.type == "cuda":
+        compile_error = compiled_generate_error(pair, prompts[0], config.max_new_tokens)
+        variants += () if compile_error else ("compiled",)
     arms = build_arms(list(config.modes), list(config.k_values), nocache_k=config.nocache_k,
-                      lean=config.lean and costs.lean_cost_ratio is not None, variants=variants)
-    runner = ArmRunner(pair, max_new_tokens=config.max_new_tokens, costs=costs, float32_target=float32_target)
+                      lean=config.lean and costs.lean_cost_ratio is not None, variants=variants, fast=fast,
+                      fast_k_values=fast_k)
+    max_length = max(p.size(1) for p in prompts) + config.max_new_tokens
+    runner = ArmRunner(pair, max_new_tokens=config.max_new_tokens, costs=costs, float32_target=float32_target,
+                       fast_costs=fast_costs, max_length=max_length if fast else None)
     records: dict[Arm, list[tuple[int, int, RunRecord]]] = {arm: [] for arm in arms}
     total = len(arms) * (1 + config.repeats * len(prompts))
     try:
@@ -149,6 +164,7 @@ def run_benchmark(config: BenchConfig) -> dict:
         summary["speedup"] = (summary["tokens_per_s"]["median"]
                               / baselines[summary["mode"]]["tokens_per_s"]["median"])
     mismatches = greedy_mismatches(records)
+    report_baselines = {mode: summary["name"] for mode, summary in baselines.items()}
     report = {
         "meta": {
             "pair": pair.name, "requested_pair": config.pair, "pair_description": pair.description,
@@ -167,17 +183,18 @@ def run_benchmark(config: BenchConfig) -> dict:
             "modes": list(config.modes), "seed": config.seed, "cost_context": costs.context,
             "target_pass_ms": 1000 * costs.target_seconds,
             "overhead_method": "forward hooks on both models (GPU synchronized at each pass boundary)",
-            "hf_assisted_defaults": assisted_defaults(),
+            "hf_assisted_defaults": assisted_defaults(), "fast": fast, "compiled_generate_error": compile_error,
         },
         "cost_ratio": costs.cost_ratio,
         "lean_cost_ratio": costs.lean_cost_ratio,
         "loop_cost_ratio": costs.loop_cost_ratio,
         "lean_loop_cost_ratio": costs.lean_loop_cost_ratio,
         "verify_cost": {str(k): v for k, v in costs.verify_cost.items()},
-        "baselines": {mode: summary["name"] for mode, summary in baselines.items()},
+        "baselines": report_baselines,
         "arms": summaries,
         "greedy_identical": (not mismatches) if "greedy" in config.modes else None,
         "greedy_mismatches": mismatches,
+        "fast_path": fast_section(fast_costs, summaries, report_baselines, max_k=max(fast_k)) if fast else None,
     }
     report["headline"] = headline(report)
     return report
@@ -193,85 +210,6 @@ def _pack(pair, kind: str) -> str:
     return "packed"
 
 
-def headline(report: dict) -> dict:
-    """Per mode: the fastest speculative arm, its speedup over `generate` and over assisted
-    generation at its best K, its share of time outside the forward passes, and what the
-    performance model predicts for it (fixed-K arms; None for a schedule)."""
-    predicted = {(row.name, row.mode): row.predicted_speedup for row in predicted_vs_measured(report)}
-    out = {}
-    for mode in report["meta"]["modes"]:
-        arms = [arm for arm in report["arms"] if arm["mode"] == mode and arm["schedule"] is not None]
-        ours = max((a for a in arms if a["impl"] == "specdec_ref" and a["use_cache"]), key=lambda a: a["speedup"])
-        assisted = max((a for a in arms if a["impl"] == "transformers"), key=lambda a: a["speedup"])
-        out[mode] = {"best_arm": ours["name"], "speedup": ours["speedup"], "baseline": report["baselines"][mode],
-                     "best_assisted": assisted["name"],
-                     "assisted_speedup": assisted["speedup"], "over_assisted": ours["speedup"] / assisted["speedup"],
-                     "overhead_share": ours["overhead_share"],
-                     "predicted_speedup": predicted.get((ours["name"], mode))}
-    return out
-
-
-def summarize(arm: Arm, runs: list[tuple[int, int, RunRecord]]) -> dict:
-    """The report entry of one arm: medians over repetitions, ratios over all runs."""
-    by_repeat: dict[int, list[RunRecord]] = {}
-    for repeat, _, record in runs:
-        by_repeat.setdefault(repeat, []).append(record)
-    rates, overheads = [], []
-    for group in by_repeat.values():
-        wall = sum(r.wall_seconds for r in group)
-        rates.append(sum(len(r.tokens) for r in group) / wall)
-        overheads.append(1 - sum(r.forward_seconds for r in group) / wall)
-    records = [record for _, _, record in runs]
-    tokens = sum(len(r.tokens) for r in records)
-    target_calls = sum(r.target_calls for r in records)
-    drafted = sum(r.drafted or 0 for r in records)
-    accepted = sum(r.accepted or 0 for r in records)
-    judged = sum(r.judged or 0 for r in records)
-    iterations = sum(r.iterations for r in records)
-    return {
-        "name": arm.name, "impl": arm.impl, "mode": arm.mode, "k": arm.k, "use_cache": arm.use_cache,
-        "schedule": arm.schedule, "tokens_per_s": Timing(tuple(rates)).as_dict(), "speedup": None,
-        # The issue's acceptance rate: accepted / drafted (comparable across implementations).
-        "alpha": accepted / drafted if arm.speculative and drafted else None,
-        # Per-token acceptance, accepted / judged drafts: the alpha of the performance model.
-        "alpha_per_token": accepted / judged if judged else None,
-        "block_efficiency": tokens / target_calls if target_calls else None,
-        "target_calls_per_token": target_calls / tokens if tokens else None,
-        "overhead_share": Timing(tuple(overheads)).median,
-        "mean_k": drafted / iterations if arm.speculative and iterations else None,
-        "draft_calls_per_token": sum(r.draft_calls for r in records) / tokens if tokens else None,
-        "lean": arm.lean,
-        # Mean pass times inside the loop (the draft's pass runs right after the target's, whose
-        # weights have just streamed through the CPU caches): the c and v(K) the arm really paid.
-        "target_pass_ms": _mean_ms(sum(r.target_seconds for r in records), target_calls),
-        "draft_pass_ms": _mean_ms(sum(r.draft_seconds for r in records),
-                                  sum(r.draft_calls for r in records)),
-    }
-
-
-def _mean_ms(seconds: float, calls: int) -> float | None:
-    return 1000 * seconds / calls if calls else None
-
-
-def greedy_mismatches(records: dict[Arm, list[tuple[int, int, RunRecord]]]) -> list[dict]:
-    """Greedy runs whose tokens differ from the baseline's on the same prompt."""
-    reference = {}
-    for arm, runs in records.items():
-        if arm.mode == "greedy" and arm.name == BASELINE:
-            reference = {index: record.tokens for _, index, record in runs}
-    mismatches = []
-    for arm, runs in records.items():
-        # A baseline variant computes in another configuration, so its rounding may differ.
-        if arm.mode != "greedy" or arm.variant is not None:
-            continue
-        for repeat, index, record in runs:
-            expected = reference[index]
-            if record.tokens != expected:
-                first = next(i for i, (a, b) in enumerate(zip(record.tokens, expected, strict=True)) if a != b)
-                mismatches.append({"arm": arm.name, "prompt": index, "repeat": repeat, "first_difference": first})
-    return mismatches
-
-
 def _int_list(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split(",") if part.strip())
@@ -282,7 +220,8 @@ def _int_list(text: str) -> tuple[int, ...]:
 def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path | None]:
     """The command line as a `BenchConfig` and the output path (None: the default)."""
     parser = argparse.ArgumentParser(prog="python -m specdec_ref.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--pair", default="tiny", help="tiny (default), random, or a registry name")
+    parser.add_argument("--pair", default="tiny", help="tiny (default), random, gpt2-shapes (random GPT-2 -> "
+                        "GPT-2 XL shapes; gpt2-shapes-small for a dry run), or a registry name")
     parser.add_argument("--max-new-tokens", type=int, help="tokens per prompt (default 128; --quick 24)")
     parser.add_argument("--repeats", type=int, help="timed repetitions (default 5; --quick 1)")
     parser.add_argument("--k-values", type=_int_list, help="fixed K values, e.g. 1,2,4 (default 1..8; --quick 2,4)")
@@ -304,6 +243,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path | None]
     parser.add_argument("--quick", action="store_true", help="a short run: few prompts, tokens and K values")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-lean", action="store_true", help="leave out the lean-draft arms")
+    parser.add_argument("--fast", action=argparse.BooleanOptionalAction, default=None,
+                        help="arms on the fast path (static cache, CUDA graphs; default: on a GPU)")
+    parser.add_argument("--fast-k-values", type=_int_list, help="fixed K values of the fast arms (default: --k-values)")
     parser.add_argument("--random-shape", default="tiny", choices=sorted(RANDOM_SHAPES),
                         help="shapes of a random pair (default: the tiny pair's); --random-* below override them")
     parser.add_argument("--random-target-layers", type=int)
@@ -326,7 +268,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path | None]
         num_prompts=pick(args.num_prompts, 8, 2), prompt_tokens=pick(args.prompt_tokens, 32, 16),
         device=args.device, dtype=args.dtype, threads=args.threads, seed=args.seed, linear=args.linear,
         attention=args.attention,
-        cost_repeats=5 if quick else 20, progress=not args.no_progress, lean=not args.no_lean,
+        cost_repeats=5 if quick else 20, progress=not args.no_progress, lean=not args.no_lean, fast=args.fast,
+        fast_k_values=args.fast_k_values,
         shape=shape,
     )
     return config, args.out

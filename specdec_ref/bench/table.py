@@ -37,7 +37,7 @@ def format_table(report: dict) -> str:
                      f"{defaults['num_assistant_tokens_schedule']} schedule, confidence threshold "
                      f"{defaults['assistant_confidence_threshold']} ({adapts}); "
                      "hf assisted k=K: K tokens, constant, no threshold")
-    header = (f"{'arm':<28} {'tok/s':>8} {'[q1, q3]':>17} {'speedup':>7} {'alpha':>6} {'a/tok':>6} {'tok/call':>8} "
+    header = (f"{'arm':<33} {'tok/s':>8} {'[q1, q3]':>17} {'speedup':>7} {'alpha':>6} {'a/tok':>6} {'tok/call':>8} "
               f"{'calls/tok':>9} {'mean K':>6} {'overhead':>8}")
     for mode in meta["modes"]:
         lines += ["", f"mode {mode}: {MODES[mode]}", header, "-" * len(header)]
@@ -45,7 +45,7 @@ def format_table(report: dict) -> str:
             tps = arm["tokens_per_s"]
             spread = f"[{tps['q1']:.1f}, {tps['q3']:.1f}]"
             lines.append(
-                f"{arm['name']:<28} {tps['median']:>8.1f} {spread:>17} "
+                f"{arm['name']:<33} {tps['median']:>8.1f} {spread:>17} "
                 f"{arm['speedup']:>6.2f}x {_fmt(arm['alpha'], 6, '.2f')} {_fmt(arm['alpha_per_token'], 6, '.2f')} "
                 f"{_fmt(arm['block_efficiency'], 8, '.2f')} "
                 f"{_fmt(arm['target_calls_per_token'], 9, '.2f')} {_fmt(arm['mean_k'], 6, '.1f')} "
@@ -57,11 +57,31 @@ def format_table(report: dict) -> str:
                   f"{best['over_assisted']:.2f}x over {best['best_assisted']} ({best['assisted_speedup']:.2f}x), "
                   f"{best['overhead_share']:.1%} outside the forward passes"
                   + (f", model {model:.2f}x" if model is not None and not math.isnan(model) else "")]
+    if report.get("fast_path"):
+        lines += ["", *fast_path_lines(report["fast_path"])]
     if report["greedy_identical"] is not None:
         verdict = "yes" if report["greedy_identical"] else f"NO, {len(report['greedy_mismatches'])} mismatches"
         lines += ["", f"greedy: every arm produced the baseline's tokens on every prompt: {verdict}"]
     lines.append("alpha = accepted / drafted; a/tok = accepted / judged drafts (the model's per-token alpha)")
     return "\n".join(lines)
+
+
+def fast_path_lines(fast: dict) -> list[str]:
+    """The fast path's costs against the eager path's and the bandwidth floor, and the model's predictions."""
+    lines = [f"fast path (static cache{', CUDA graphs' if fast['fast']['cuda_graphs'] else ''}) against eager: "
+             f"bandwidth {fast['bandwidth_gb_s']:.0f} GB/s, weight floors target {fast['floor_ms']['target']:.3f} ms, "
+             f"draft {fast['floor_ms']['draft']:.3f} ms"]
+    for path in ("fast", "eager"):
+        costs = fast[path]
+        lines.append(f"  {path:<5} target {costs['target_ms']:.3f} ms ({costs['target_over_floor']:.1f}x its floor), "
+                     f"draft {costs['draft_ms']:.3f} ms, c = {costs['cost_ratio']:.3f}, v(K): "
+                     + " ".join(f"{k}:{v:.2f}" for k, v in costs["verify_cost"].items()))
+    for mode, row in fast["modes"].items():
+        predicted = ", ".join(
+            f"alpha {alpha}: {p['speedup_over_baseline']:.2f}x (K = {p['k']})"
+            for alpha, p in row["predictions"]["fast"].items() if "speedup_over_baseline" in p)
+        lines.append(f"  {mode}: model over {row['baseline']}: {predicted}")
+    return lines
 
 
 def _fmt(value: float | None, width: int, spec: str) -> str:

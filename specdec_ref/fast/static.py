@@ -21,7 +21,7 @@ per pass instead of hundreds.
   draft's 1 and 2 tokens, the target's K + 1) is captured, after a warm-up, on
   scratch columns past `max_length` (so capturing never touches the cached tokens);
   every later pass of that size copies its token ids and positions into the graph's
-  input buffers and replays it. Longer passes (the prompt) run eagerly.
+  input buffers and replays it. The first pass (the prompt) and longer ones run eagerly.
 
 What is captured, and must stay as it was: the model's weight tensors (addresses,
 dtype, device), the cache buffers, and each graph's input and output buffers. Do not
@@ -123,7 +123,8 @@ class StaticForward:
             raise RuntimeError("the model's weights moved or changed dtype since this StaticForward was built "
                                "(its cache and captured graphs use the old ones); build a new StaticForward")
         ids, positions = sequence[0, seen:end], self.arange[seen:end]  # (m,), (m,)
-        if self.cuda_graphs and m <= self.max_graph_tokens:
+        # Decoding passes replay a graph; the prompt (the first pass) runs eagerly.
+        if self.cuda_graphs and seen > 0 and m <= self.max_graph_tokens:
             graph = self.graphs.get(m)
             if graph is None:
                 graph = self.graphs[m] = _GraphedPass(self, m)
