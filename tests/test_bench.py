@@ -325,3 +325,25 @@ def test_scale_command_prepacks_every_model_when_asked(tmp_path, monkeypatch):
         report = scale.main(["--pair", "tiny", "--device", "cpu", "--threads", "1", "--shapes", "1x64",
                              "--repeats", "1", "--linear", "packed", "--out", str(tmp_path / "sweep.json")])
     assert timed == [(True, True), (True, True)] and report["meta"]["linear"] == "packed"
+
+
+def test_a_paused_meter_counts_nothing_and_then_counts_again():
+    """`ForwardMeter.paused` takes the hooks off for a block (compiled generate runs so) and
+    puts them back after it; a compiled arm's summary has no overhead share to report."""
+    from conftest import make_model
+
+    from specdec_ref.bench.meter import ForwardMeter
+    from specdec_ref.bench.summary import summarize
+
+    model = make_model("gpt2", layers=1, seed=0)
+    meter = ForwardMeter({"target": model}, torch.device("cpu"))
+    ids = torch.tensor([[1, 2, 3]])
+    with meter.paused():
+        model(ids)
+    assert meter.calls["target"] == 0
+    model(ids)
+    assert meter.calls["target"] == 1 and meter.seconds["target"] > 0
+    meter.remove()
+    arm = Arm("hf generate compiled", "transformers", "greedy", None, True, None, variant="compiled")
+    record = RunRecord([1, 2], 0.5, 0.0, 0, 0, None, None)
+    assert summarize(arm, [(0, 0, record)])["overhead_share"] is None

@@ -10,6 +10,8 @@ same meter, so every arm's share of time outside the forward passes is measured 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from transformers import PreTrainedModel
@@ -22,13 +24,28 @@ class ForwardMeter:
 
     def __init__(self, models: dict[str, PreTrainedModel], device: torch.device) -> None:
         self.device = device
+        self.models = models
         self.calls = dict.fromkeys(models, 0)
         self.seconds = dict.fromkeys(models, 0.0)
         self._started: dict[str, float] = {}
         self._handles = []
-        for name, model in models.items():
+        self._attach()
+
+    def _attach(self) -> None:
+        for name, model in self.models.items():
             self._handles.append(model.register_forward_pre_hook(self._pre_hook(name)))
             self._handles.append(model.register_forward_hook(self._post_hook(name)))
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Run a block with the hooks off: `torch.compile` would break its graphs at them
+        (and their synchronization would stop the CPU from queueing ahead); the passes of
+        the block are then neither counted nor timed."""
+        self.remove()
+        try:
+            yield
+        finally:
+            self._attach()
 
     def _pre_hook(self, name: str):
         def hook(module, args):

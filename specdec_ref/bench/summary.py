@@ -60,7 +60,8 @@ def summarize(arm: Arm, runs: list[tuple[int, int, RunRecord]]) -> dict:
         "alpha_per_token": accepted / judged if judged else None,
         "block_efficiency": tokens / target_calls if target_calls else None,
         "target_calls_per_token": target_calls / tokens if tokens else None,
-        "overhead_share": Timing(tuple(overheads)).median,
+        # None where the passes ran unmetered (compiled generate: `meter.ForwardMeter.paused`).
+        "overhead_share": None if arm.variant == "compiled" else Timing(tuple(overheads)).median,
         "mean_k": drafted / iterations if arm.speculative and iterations else None,
         "draft_calls_per_token": sum(r.draft_calls for r in records) / tokens if tokens else None,
         "lean": arm.lean, "fast": arm.fast,

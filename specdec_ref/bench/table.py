@@ -49,7 +49,7 @@ def format_table(report: dict) -> str:
                 f"{arm['speedup']:>6.2f}x {_fmt(arm['alpha'], 6, '.2f')} {_fmt(arm['alpha_per_token'], 6, '.2f')} "
                 f"{_fmt(arm['block_efficiency'], 8, '.2f')} "
                 f"{_fmt(arm['target_calls_per_token'], 9, '.2f')} {_fmt(arm['mean_k'], 6, '.1f')} "
-                f"{arm['overhead_share']:>8.1%}")
+                f"{_fmt(arm['overhead_share'], 8, '.1%')}")
     for mode, best in report.get("headline", {}).items():
         model = best["predicted_speedup"]
         baseline = best.get("baseline", "hf generate")  # reports before the plain baseline lack the key
