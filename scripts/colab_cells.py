@@ -66,9 +66,14 @@ def setup_source(url: str, branch: str) -> str:
     return f'''\
 # Set-up. On Google Colab this installs the book's package, keeping the
 # libraries Colab already has when they are recent enough; elsewhere it
-# installs nothing. The pair: gpt2 -> gpt2-xl on a Colab GPU, otherwise the
-# tiny pair shipped with the package. To choose, set PAIR to a pair name
-# ("tiny", "gpt2") or the environment variable SPECDEC_PAIR.
+# installs nothing. The pair: gpt2 -> gpt2-xl on a Colab GPU (the first run
+# downloads 6.2 GB; a T4 runs it in float16, an A100 or L4 in bfloat16),
+# otherwise the tiny pair shipped with the package. To choose, set PAIR to a
+# pair name ("tiny", "gpt2") or the environment variable SPECDEC_PAIR.
+# PACKAGE names the repository the book was built from. Hosted elsewhere:
+# set repository.url and repository.branch in _config.yml, then run
+# `python scripts/colab_cells.py --write`, which rewrites this cell and the
+# Colab badge of every chapter (or edit PACKAGE here, for this copy only).
 import subprocess
 import sys
 

@@ -112,6 +112,30 @@ def test_colab_badge_and_setup_cell_match_config():
         assert f"git+{url}@{branch}" in _code(path.stem)
 
 
+def test_install_line_badges_readme_and_config_name_one_repository():
+    """Read independently of scripts/colab_cells.py: every chapter's install line (PACKAGE), its Colab
+    badge, the README's chapter links and _config.yml name the same GitHub repository and branch, and the
+    set-up cell says what to change when the book is hosted elsewhere."""
+    import re
+
+    import yaml
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
+    owner_name = config["url"].rstrip("/").removeprefix("https://github.com/")
+    branch = config["branch"]
+    colab = re.compile(r"colab\.research\.google\.com/github/([^/]+/[^/]+)/blob/([^/]+)/notebooks/([\w-]+)\.ipynb")
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        setup = "".join(cells[1]["source"]) if cells[1]["cell_type"] == "code" else _code(path.stem)
+        assert re.findall(r'PACKAGE = "git\+https://github\.com/([^@"]+)@([^"]+)"', setup) == [(owner_name, branch)]
+        assert "repository.url" in setup and "scripts/colab_cells.py --write" in setup
+        badges = colab.findall("".join(cells[0]["source"]))
+        assert badges == [(owner_name, branch, path.stem)], path.name
+    readme = colab.findall((ROOT / "README.md").read_text())
+    assert {stem for _, _, stem in readme} >= {p.stem for p in (ROOT / "notebooks").glob("0[1-7]-*.ipynb")}
+    assert all((name, ref) == (owner_name, branch) for name, ref, _ in readme), readme
+
+
 def _run_setup_cell(monkeypatch, returncode: int) -> tuple[list[list[str]], dict]:
     """Run the set-up cell as on Colab, with pip replaced by a stub; return pip's calls and the cell's names."""
     colab_cells = _load_script("colab_cells")
