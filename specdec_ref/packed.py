@@ -16,6 +16,19 @@ weights and `save_pretrained` are unchanged) plus a prepacked copy, used wheneve
 gradient is needed. A 6-token pass of the tiny target then costs about one step, and in
 bfloat16 a one-token step is faster too (`specdec_ref/data/bench-tiny-cpu.json`).
 
+The packed copy must follow the weight. A layer repacks before a pass when the
+weight's version counter moved (any in-place write: `copy_` under `no_grad`,
+`load_state_dict`, `nn.init`) or its storage changed (`weight.data = new`, `.to()`).
+A write through `weight.data` bumps no counter: `.data` is a fresh alias with a
+version of its own, so `lm_head.weight.data.copy_(new)` would leave a stale packed
+copy and silently wrong logits. A packed layer therefore marks its weight as a
+`WatchedParameter`, an `nn.Parameter` whose `.data` is an alias that shares the
+weight's version counter (`detach()`), so those writes are seen too, even through a
+`.data` view taken earlier; the check costs two integer comparisons per call.
+Writes that bypass tensors altogether (`.numpy()` views, `untyped_storage()`) are
+not seen: after one, call `repack(model)`. `unpack_linear_layers` gives the weights
+their plain class back.
+
 oneDNN compiles one kernel per shape it meets and keeps 1,024 of them; a speculative
 loop meets more (rows x context length), so `import specdec_ref` raises that limit
 (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`, see the package's `__init__`).
@@ -57,6 +70,33 @@ def packing_unsupported(model: nn.Module) -> str | None:
     return None
 
 
+class WatchedParameter(nn.Parameter):
+    """An `nn.Parameter` whose `.data` shares its version counter, so writes through
+    `.data` bump `_version` and a `PackedLinear` sees them. Everything else is
+    `nn.Parameter`'s: the same object keeps its identity, storage and ties."""
+
+    @property
+    def data(self) -> torch.Tensor:
+        """The weight without autograd history: `detach()`, which shares the version counter."""
+        return torch.Tensor.detach(self)
+
+    @data.setter
+    def data(self, value: torch.Tensor) -> None:
+        torch._C.TensorBase.data.__set__(self, value)
+
+    def __repr__(self) -> str:
+        return repr(nn.Parameter(torch.Tensor.detach(self), self.requires_grad))
+
+
+def _watch(weight: nn.Parameter, watched: bool) -> None:
+    """Make a plain Parameter a `WatchedParameter` (or back), in place: ties stay tied."""
+    kind = type(weight)
+    if watched and kind is nn.Parameter:
+        weight.__class__ = WatchedParameter
+    elif not watched and kind is WatchedParameter:
+        weight.__class__ = nn.Parameter
+
+
 class PackedLinear(nn.Module):
     """`nn.Linear` with a oneDNN-prepacked copy of its weight for inference."""
 
@@ -90,6 +130,7 @@ class PackedLinear(nn.Module):
         return F.linear(x, weight, self.bias)
 
     def _repack(self) -> None:
+        _watch(self.weight, True)  # so that writes through .data move its version
         weight = self.weight.detach()
         packable = weight.is_cpu and weight.dtype in PACKED_DTYPES
         self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, self.rows) if packable else None
@@ -135,6 +176,7 @@ def unpack_linear_layers(model: nn.Module) -> int:
         linear = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None,
                            device="meta")
         linear.weight, linear.bias = layer.weight, layer.bias
+        _watch(layer.weight, False)
         return linear
 
     return _swap(model, PackedLinear, plain)
@@ -146,6 +188,15 @@ def set_packing(model: nn.Module, enabled: bool) -> int:
     layers = [module for module in model.modules() if isinstance(module, PackedLinear)]
     for layer in layers:
         layer.enabled = bool(enabled)
+    return len(layers)
+
+
+def repack(model: nn.Module) -> int:
+    """Repack every `PackedLinear` of `model` before its next pass (after a write that no
+    version counter records: `.numpy()` views, `untyped_storage()`); returns how many."""
+    layers = [module for module in model.modules() if isinstance(module, PackedLinear)]
+    for layer in layers:
+        layer._version = -1
     return len(layers)
 
 

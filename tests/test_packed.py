@@ -15,7 +15,16 @@ from specdec_ref.drafting import ModelDrafter
 from specdec_ref.kv_cache import CachedForward
 from specdec_ref.lean import LeanForward
 from specdec_ref.models import load_pair
-from specdec_ref.packed import PackedLinear, is_packed, pack_linear_layers, packing_unsupported, unpack_linear_layers
+from specdec_ref.packed import (
+    PackedLinear,
+    WatchedParameter,
+    is_packed,
+    pack_linear_layers,
+    packing_unsupported,
+    repack,
+    set_packing,
+    unpack_linear_layers,
+)
 from specdec_ref.rowwise import use_rowwise_attention
 from specdec_ref.training.corpus import held_out_prompts
 
@@ -172,3 +181,35 @@ def test_importing_the_package_keeps_more_onednn_kernels_unless_told(given, expe
     code = "import os, specdec_ref; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == expected
+
+
+@torch.no_grad()  # the packed copy serves inference only
+def test_writes_through_data_reach_the_packed_copy():
+    """`weight.data.copy_(new)` (which bumps no version counter) is followed, even through a
+    `.data` view kept and written later: logits as plain F.linear on the same weights."""
+    model = make_model("llama", layers=1, seed=5)
+    pack_linear_layers(model)
+    ids = torch.tensor([[3, 4, 5, 6]])
+
+    def assert_follows_the_weights() -> None:
+        packed = model(ids).logits
+        set_packing(model, False)
+        plain = model(ids).logits
+        set_packing(model, True)
+        difference = float((packed - plain).abs().max())
+        assert difference < 1e-5, f"packed logits off by {difference}: a stale packed copy"
+
+    assert_follows_the_weights()
+    new = torch.randn(model.lm_head.weight.shape, generator=torch.Generator().manual_seed(0))
+    model.lm_head.weight.data.copy_(new)  # the idiom of many checkpoint loaders
+    assert_follows_the_weights()
+    view = model.model.layers[0].mlp.up_proj.weight.data
+    assert_follows_the_weights()
+    view.mul_(3.0)  # a `.data` view taken earlier, written now
+    assert_follows_the_weights()
+    assert type(model.lm_head.weight) is WatchedParameter
+    model.lm_head.weight.detach().numpy()[:] *= 2.0  # no tensor sees this write: say so
+    assert repack(model) == 8
+    assert_follows_the_weights()
+    unpack_linear_layers(model)
+    assert type(model.lm_head.weight) is torch.nn.Parameter
