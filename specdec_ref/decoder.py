@@ -26,7 +26,7 @@ from .kv_cache import LogitsSource, make_logits_source
 from .rejection import accept_reject
 from .sampling import SamplingConfig, logits_to_probs, sample
 from .schedules import DraftLengthSchedule, as_schedule, next_draft_length
-from .validation import check_generation_args, eos_set, vocab_size
+from .validation import check_generation_args, check_proposal, eos_set, vocab_size
 from .verification import target_distributions
 
 
@@ -137,6 +137,8 @@ def speculative_step(
                                                            generator)
     proposal = drafter.draft(sequence, num_draft_tokens,
                              vocab_size(target.model))  # (K, V)
+    if not isinstance(drafter, ModelDrafter):  # checked before the target runs
+        check_proposal(drafter, proposal, num_draft_tokens)
     p = target_distributions(target, sequence, proposal.tokens,
                              sampling)  # (K + 1, V)
     # A model's drafts and q rows are well formed by construction (only

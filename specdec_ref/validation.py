@@ -100,6 +100,19 @@ def check_draft_length(k: object, source: str) -> int:
     return value
 
 
+def check_proposal(drafter: object, proposal: object, num_draft_tokens: int) -> None:
+    """A drafter's proposal before the target judges it: at most `num_draft_tokens` tokens.
+
+    Raises:
+        ValueError: naming the drafter, if it proposed more tokens than it was asked for
+            (they would run past `max_new_tokens`).
+    """
+    count = proposal.tokens.numel()
+    if count > num_draft_tokens:
+        raise ValueError(f"{type(drafter).__name__}.draft returned {count} tokens, but was asked for at most "
+                         f"num_draft_tokens={num_draft_tokens}: a Drafter may propose fewer tokens, never more")
+
+
 def check_generation_args(
     models: dict[str, PreTrainedModel],
     input_ids: torch.Tensor,

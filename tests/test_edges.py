@@ -287,3 +287,35 @@ def test_schedule_hears_of_an_eos_block_as_short_and_fully_accepted():
                                sampling=GREEDY, eos_token_id=reference[position])
     assert schedule.updates[:-1] == [(5, 5)] * (len(out.trace) - 1)
     assert schedule.updates[-1] == (position % 6 + 1, position % 6 + 1)
+
+
+class ScriptedDrafter:
+    """A drafter that proposes `tokens` whatever it is asked for, with one-hot q rows (zero
+    rows where the tokens are no ids); `forward_calls` and `rollback` can be left out."""
+
+    def __init__(self, tokens, *, forward_calls=True, rollback=True):
+        self.tokens = tokens
+        if forward_calls:
+            self.forward_calls = 0
+        if rollback:
+            self.rollback = lambda length: None
+
+    def draft(self, input_ids, num_draft_tokens, vocab_size):
+        tokens = torch.as_tensor(self.tokens)
+        probs = torch.zeros(tokens.numel(), vocab_size)
+        valid = not tokens.is_floating_point() and bool(((tokens >= 0) & (tokens < vocab_size)).all())
+        if valid:
+            probs.scatter_(1, tokens.view(-1, 1).long(), 1.0)
+        return SimpleNamespace(tokens=tokens, probs=probs)
+
+
+def test_a_drafter_proposing_more_than_asked_is_refused_by_name():
+    """11 drafts for a budget of 1 new token: a ValueError naming the drafter, not 11 new tokens."""
+    target = make_model("llama", layers=1, seed=1)
+    drafter = ScriptedDrafter([5] * 11)
+    with pytest.raises(ValueError, match=r"ScriptedDrafter\.draft returned 11 tokens.*num_draft_tokens=0"):
+        speculative_generate(target, drafter, torch.tensor([[3, 4]]), max_new_tokens=1, num_draft_tokens=4,
+                             sampling=GREEDY)
+    with pytest.raises(ValueError, match=r"ScriptedDrafter\.draft returned 11 tokens.*num_draft_tokens=4"):
+        speculative_generate(target, drafter, torch.tensor([[3, 4]]), max_new_tokens=20, num_draft_tokens=4,
+                             sampling=GREEDY)
