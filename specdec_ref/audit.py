@@ -6,10 +6,18 @@ own sampling would be. `audit` checks this for any generate-like callable
 `.sequences`): it samples the first `num_tokens` emitted tokens many times and
 compares their empirical law with the exact one by Pearson's chi-square test and
 by total-variation distance (TV), stating how large a departure the test would
-catch (its power). The exact law comes from enumeration: `target_law` for the
-target's own sampling (the law any exact decoder must match), `decoder_law` for
-the law a speculative rule produces ("exact" or the article's "article"), both on
-a small vocabulary.
+catch (its power). The exact law comes from enumeration (`specdec_ref.laws`, whose
+names stay importable from here): `target_law` for the target's own sampling, or
+for an implementation's own conventions (`generate_reference`), on a small vocabulary.
+
+Two ways an audit of the first tokens misleads, and what `audit` does about them.
+Many decoders draw their first token from a plain target pass (the prefill), so an
+audit of one token never sees the rule, the bonus token, the cache's rollback or
+EOS: `audit` refuses num_tokens = 1 unless the caller says the first token is
+drafted and judged (`first_token_speculative=True`); with num_tokens = m > K the
+outcome spans a block boundary and a bonus token (K = 1 over 2 tokens, K = 2 over 3).
+And a decoder that crashes fails: the result says "crashed: <error>", it does not
+raise. `specdec_ref.audit_tokens` audits every emitted token, at any vocabulary.
 
 Invariant: an exact decoder fails the audit with probability at most `level`
 (the test's size, in the chi-square approximation), and a decoder whose law is
@@ -26,17 +34,17 @@ power against every such law is at least the power at 4 n e^2.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel
 
-from .rejection import residual_distribution
-from .sampling import SamplingConfig, logits_to_probs
+from .laws import GenerateFn, Law, decoder_law, law_tv, small_random_pair, target_law, transformers_assisted
 
-Law = dict[tuple[int, ...], float]  # emitted tokens -> probability
-GenerateFn = Callable[[torch.Tensor, torch.Generator], object]
+# The exact laws moved to `specdec_ref.laws`; their names stay importable from here.
+random_pair = small_random_pair
+__all__ = ["AuditResult", "GenerateCrashed", "Law", "audit", "compare_counts", "decoder_law", "detectable_tv",
+           "law_tv", "random_pair", "sample_emissions", "small_random_pair", "target_law", "transformers_assisted"]
 
 
 def _chi2_sf(x: float, df: int) -> float:
@@ -114,11 +122,12 @@ class AuditResult:
     tv_estimate: float  # TV between the empirical and the exact law, over the cells
     tv_noise: float  # an exact decoder's tv_estimate stays below this w.p. 1 - level
     impossible: int  # samples the exact law gives probability 0 (any one fails)
+    error: str | None = None  # the audited callable's crash, "<type>: <message>" (fails)
 
     @property
     def passed(self) -> bool:
         """True when the sample is consistent with the exact law at `level`."""
-        return self.impossible == 0 and self.p_value >= self.level
+        return self.error is None and self.impossible == 0 and self.p_value >= self.level
 
     @property
     def tv_lower_bound(self) -> float:
@@ -128,6 +137,8 @@ class AuditResult:
     def summary(self) -> str:
         """One line of at most 80 characters: verdict, TV bound, detectable TV."""
         verdict = "PASS" if self.passed else "FAIL"
+        if self.error is not None:
+            return f"FAIL: crashed: {self.error}"[:80]
         if self.passed:
             return (f"{verdict}: consistent with the exact law (n = {self.num_samples}, "
                     f"would catch TV >= {_round_up(self.detectable_tv)})")
@@ -149,6 +160,26 @@ def _round_down(x: float) -> str:
         return "0"
     scale = 10 ** (math.floor(math.log10(x)) - 1)
     return f"{math.floor(x / scale + 1e-9) * scale:.2g}"
+
+
+class GenerateCrashed(RuntimeError):
+    """The audited callable raised (or emitted too few tokens): a verdict, not a bug of the audit."""
+
+
+def crashed(error: BaseException, *, num_samples: int = 0, level: float = 1e-3, power: float = 0.9) -> AuditResult:
+    """The failing result of an audit whose callable crashed with `error`."""
+    cause = error.__cause__ if isinstance(error, GenerateCrashed) and error.__cause__ else error
+    return AuditResult(num_samples=num_samples, num_cells=0, statistic=math.nan, p_value=0.0, level=level,
+                       power=power, detectable_tv=math.nan, tv_estimate=math.nan, tv_noise=math.nan,
+                       impossible=0, error=f"{type(cause).__name__}: {cause}")
+
+
+def call_generate(generate: GenerateFn, input_ids: torch.Tensor, generator: torch.Generator | None) -> object:
+    """`generate(input_ids, generator)`, its exceptions raised as `GenerateCrashed`."""
+    try:
+        return generate(input_ids, generator)
+    except Exception as error:
+        raise GenerateCrashed(str(error)) from error
 
 
 def _as_sequences(result: object) -> torch.Tensor:
@@ -174,9 +205,10 @@ def sample_emissions(generate: GenerateFn, input_ids: torch.Tensor, *, num_sampl
 
     Returns:
         {first num_tokens emitted tokens: count}.
+
+    Raises:
+        GenerateCrashed: if a call raised or emitted fewer than `num_tokens` tokens.
     """
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
         raise ValueError(f"num_tokens must be an integer >= 1, got {num_tokens!r}")
     if not callable(generate):
@@ -184,9 +216,9 @@ def sample_emissions(generate: GenerateFn, input_ids: torch.Tensor, *, num_sampl
     n = input_ids.size(1)
     counts: dict[tuple[int, ...], int] = {}
     for _ in range(num_samples):
-        new = _as_sequences(generate(input_ids, generator))[0, n:]
+        new = _as_sequences(call_generate(generate, input_ids, generator))[0, n:]
         if new.numel() < num_tokens:
-            raise ValueError(f"generate emitted {new.numel()} tokens, fewer than num_tokens = {num_tokens}")
+            raise GenerateCrashed(f"generate emitted {new.numel()} tokens, fewer than num_tokens = {num_tokens}")
         outcome = tuple(new[:num_tokens].tolist())
         counts[outcome] = counts.get(outcome, 0) + 1
     return counts
@@ -262,6 +294,7 @@ def audit(
     generator: torch.Generator | None = None,
     level: float = 1e-3,
     power: float = 0.9,
+    first_token_speculative: bool = False,
 ) -> AuditResult:
     """Test whether `generate`'s first `num_tokens` tokens follow `law`.
 
@@ -273,219 +306,40 @@ def audit(
         num_samples: decoder calls to sample (more calls, smaller
             detectable TV).
         num_tokens: length of one outcome; the keys of `law` have this length.
+            Use num_tokens > K so that the outcome spans a bonus token and a
+            block boundary.
         generator: the randomness passed to every call.
         level: the probability that an exact decoder fails (the test's size).
         power: the power at which the result states `detectable_tv`.
+        first_token_speculative: required for num_tokens = 1: True says that
+            `generate`'s first token is drafted and judged by the rule (as in
+            `speculative_generate`), not sampled from a plain target pass.
 
     Returns:
-        An `AuditResult`; `.passed` and `.summary()` give the verdict.
+        An `AuditResult`; `.passed` and `.summary()` give the verdict. A crash
+        of `generate` is a failing result whose summary says "crashed: ...".
 
     Raises:
-        ValueError: if the outcomes of `law` are not `num_tokens` long, or
-            another argument is out of range (named in the message).
+        ValueError: if the outcomes of `law` are not `num_tokens` long,
+            num_tokens = 1 without `first_token_speculative`, or another
+            argument is out of range (named in the message).
     """
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
+    if num_tokens == 1 and not first_token_speculative:
+        raise ValueError("num_tokens = 1 audits only the first token, which many decoders sample from a plain "
+                         "target pass (the prefill), so the rule is never seen: audit num_tokens >= 2 tokens "
+                         "(more than K), or pass first_token_speculative=True if generate's first token is "
+                         "drafted and judged")
     lengths = {len(outcome) for outcome in law}
     if lengths != {num_tokens}:
         raise ValueError(f"law's outcomes must all have num_tokens = "
                          f"{num_tokens} tokens, got lengths {lengths}")
     # Sample the decoder: counts of its first num_tokens emitted tokens.
-    counts = sample_emissions(generate, input_ids, num_samples=num_samples,
-                              num_tokens=num_tokens, generator=generator)
+    try:
+        counts = sample_emissions(generate, input_ids, num_samples=num_samples,
+                                  num_tokens=num_tokens, generator=generator)
+    except GenerateCrashed as error:
+        return crashed(error, level=level, power=power)
     # Compare them with the exact law: chi-square, TV and the stated power.
     return compare_counts(counts, law, level=level, power=power)
-
-
-def _next_probs(model: PreTrainedModel, sequences: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-    """The processed next-token distributions of a batch of sequences (B, L) -> (B, V), float64."""
-    logits = model(sequences, use_cache=False).logits[:, -1]  # (B, V)
-    probs = logits_to_probs(logits, sampling).double()  # (B, V)
-    # Renormalize in float64: float32 rows sum to 1 only within about 1e-7, and
-    # the rule's bookkeeping (sum of max(0, q - p) = sum of max(0, p - q)) needs
-    # both rows to sum to 1 to the last bit for laws that agree to 1e-12.
-    return probs / probs.sum(-1, keepdim=True)
-
-
-def _check_enumeration(input_ids: torch.Tensor, num_tokens: int, vocab: int, max_outcomes: int) -> None:
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.size(0) != 1:
-        raise ValueError("input_ids must be a tensor of shape (1, n)")
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
-        raise ValueError(f"num_tokens must be an integer >= 1, got {num_tokens!r}")
-    if vocab ** num_tokens > max_outcomes:
-        raise ValueError(f"num_tokens = {num_tokens} over a vocabulary of {vocab} gives {vocab} ** {num_tokens} "
-                         f"outcomes, more than max_outcomes = {max_outcomes}: use fewer tokens")
-
-
-@torch.no_grad()
-def target_law(target_model: PreTrainedModel, input_ids: torch.Tensor, sampling: SamplingConfig = SamplingConfig(),
-               num_tokens: int = 1, *, max_outcomes: int = 1 << 16) -> Law:
-    """The exact law of the target's next `num_tokens` sampled tokens, by enumeration.
-
-    Args:
-        target_model: the model whose sampling defines "exact".
-        input_ids: the prompt, shape (1, n).
-        sampling: temperature / top-k / top-p (`logits_to_probs`).
-        num_tokens: outcome length; V ** num_tokens must stay <= max_outcomes.
-        max_outcomes: a guard against enumerations too large to run.
-
-    Returns:
-        {tokens: probability} over outcomes of positive probability (float64).
-    """
-    vocab = target_model.get_output_embeddings().weight.size(0)
-    _check_enumeration(input_ids, num_tokens, vocab, max_outcomes)
-    # One pass per prefix, the same passes `decoder_law` makes: equal inputs, equal p.
-    law: Law = {(): 1.0}
-    for _ in range(num_tokens):
-        grown: Law = {}
-        for prefix, mass in law.items():
-            ids = torch.tensor([prefix], dtype=input_ids.dtype, device=input_ids.device).view(1, -1)
-            probs = _next_probs(target_model, torch.cat([input_ids, ids], dim=1), sampling)[0].cpu()  # (V,)
-            for y in probs.nonzero().flatten().tolist():
-                grown[prefix + (y,)] = mass * float(probs[y])
-        law = grown
-    return law
-
-
-@torch.no_grad()
-def decoder_law(target_model: PreTrainedModel, draft_model: PreTrainedModel, input_ids: torch.Tensor, *,
-                num_draft_tokens: int, sampling: SamplingConfig = SamplingConfig(), num_tokens: int = 1,
-                rule: str = "exact", max_outcomes: int = 1 << 16) -> Law:
-    """The exact law of a speculative decoder's first `num_tokens` tokens, by enumeration.
-
-    Every draft the draft model can sample is followed, each accept / reject
-    branch weighted by its probability; a block that ends before `num_tokens`
-    tokens is followed by the next block, as in the decoder's loop.
-
-    Args:
-        target_model, draft_model: the pair (small vocabulary).
-        input_ids: the prompt, shape (1, n).
-        num_draft_tokens: K drafted per block (>= 1).
-        sampling: applied to both models; temperature > 0.
-        num_tokens: outcome length; V ** num_tokens must stay <= max_outcomes.
-        rule: "exact" (residual after a rejection) or "article" (p after a rejection).
-        max_outcomes: a guard against enumerations too large to run.
-
-    Returns:
-        {tokens: probability} (float64); with rule "exact" it equals `target_law`.
-    """
-    if rule not in ("exact", "article"):
-        raise ValueError(f"rule must be 'exact' or 'article', got {rule!r}")
-    if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
-        raise ValueError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}")
-    if sampling.greedy:
-        raise ValueError("sampling must have temperature > 0: a greedy decoder has no law to enumerate")
-    vocab = target_model.get_output_embeddings().weight.size(0)
-    _check_enumeration(input_ids, num_tokens, vocab, max_outcomes)
-    cache: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def p_and_q(context: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        # The two models' processed distributions after prompt + context.
-        if context not in cache:
-            ids = torch.tensor([context], dtype=input_ids.dtype, device=input_ids.device).view(1, -1)
-            sequence = torch.cat([input_ids, ids], dim=1)  # (1, n + len)
-            cache[context] = (_next_probs(target_model, sequence, sampling)[0].cpu(),
-                              _next_probs(draft_model, sequence, sampling)[0].cpu())
-        return cache[context]
-
-    law: Law = {}
-
-    def emit(context: tuple[int, ...], mass: float) -> None:
-        # `context` was emitted with probability `mass`; continue with a new block.
-        if len(context) >= num_tokens:
-            law[context[:num_tokens]] = law.get(context[:num_tokens], 0.0) + mass
-        else:
-            block(context, (), mass)
-
-    def block(context: tuple[int, ...], accepted: tuple[int, ...], mass: float) -> None:
-        # `accepted`: drafts of this block accepted so far (drawn and kept w.p. mass).
-        if len(context) + len(accepted) >= num_tokens:
-            emit(context + accepted, mass)  # later tokens cannot change the outcome
-            return
-        p, q = p_and_q(context + accepted)
-        if len(accepted) == num_draft_tokens:
-            # All K accepted: the bonus token from p_K.
-            for y in p.nonzero().flatten().tolist():
-                emit(context + accepted + (y,), mass * float(p[y]))
-            return
-        after_reject = residual_distribution(p, q) if rule == "exact" else p
-        for x in q.nonzero().flatten().tolist():
-            accept = min(1.0, float(p[x]) / float(q[x]))
-            if accept < 1:
-                # Rejected: one token from the residual (or p), and the block ends.
-                for y in after_reject.nonzero().flatten().tolist():
-                    emit(context + accepted + (y,), mass * float(q[x]) * (1 - accept) * float(after_reject[y]))
-            if accept > 0:
-                block(context, accepted + (x,), mass * float(q[x]) * accept)
-
-    block((), (), 1.0)
-    return law
-
-
-def law_tv(first: Mapping[tuple[int, ...], float], second: Mapping[tuple[int, ...], float]) -> float:
-    """Total-variation distance between two laws over outcomes: half the L1 distance."""
-    outcomes = set(first) | set(second)
-    return 0.5 * sum(abs(first.get(o, 0.0) - second.get(o, 0.0)) for o in outcomes)
-
-
-def random_pair(vocab_size: int = 8, *, seed: int = 0, width: int = 32,
-                init_range: float = 0.5) -> tuple[PreTrainedModel, PreTrainedModel]:
-    """A random-init GPT-2 target (2 layers) and draft (1 layer) on a small vocabulary.
-
-    Independent random weights make p and q differ a lot, which is what an audit
-    needs; a small vocabulary makes the exact laws enumerable.
-
-    Args:
-        vocab_size: V >= 2 (keep V ** num_tokens small for the enumerations).
-        seed: seeds the weights (through torch's global generator).
-        width: the hidden size of both models.
-        init_range: the standard deviation of the random weights; larger
-            spreads the logits, so p and q differ more.
-
-    Returns:
-        (target_model, draft_model), float32, eval mode; the last token id is
-        BOS / EOS / padding, and `generate` never stops early (no EOS).
-
-    Raises:
-        ValueError: if `vocab_size` is not an integer >= 2.
-    """
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
-        raise ValueError(f"vocab_size must be an integer >= 2, got {vocab_size!r}")
-    models = []
-    for layers, offset in ((2, 0), (1, 1)):
-        torch.manual_seed(seed * 2 + offset)
-        config = GPT2Config(vocab_size=vocab_size, n_positions=64, n_embd=width, n_layer=layers, n_head=2,
-                            bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1, pad_token_id=None,
-                            initializer_range=init_range)
-        model = GPT2LMHeadModel(config).eval()
-        # Never stop early in `generate`: the audit counts a fixed number of tokens.
-        model.generation_config.eos_token_id = None
-        model.generation_config.pad_token_id = vocab_size - 1
-        models.append(model)
-    return models[0], models[1]
-
-
-def transformers_assisted(target_model: PreTrainedModel, draft_model: PreTrainedModel, *, max_new_tokens: int,
-                          num_draft_tokens: int = 4, sampling: SamplingConfig = SamplingConfig()) -> GenerateFn:
-    """`transformers`' assisted generation as a generate-like callable for `audit`.
-
-    `generate` draws from torch's global generator, so each call reseeds it from
-    `generator` (the global state is changed). Sampling settings are passed
-    explicitly (`SamplingConfig.generate_kwargs`: generate's top_k=50 default off)
-    and the assistant drafts a constant `num_draft_tokens` per iteration.
-    """
-    if sampling.greedy:
-        raise ValueError("sampling must have temperature > 0: the audit is for sampling")
-    draft_model.generation_config.num_assistant_tokens = num_draft_tokens
-    draft_model.generation_config.num_assistant_tokens_schedule = "constant"
-    draft_model.generation_config.assistant_confidence_threshold = 0.0
-    kwargs = sampling.generate_kwargs()
-
-    def generate(input_ids: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-        torch.manual_seed(seed)
-        return target_model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                                     assistant_model=draft_model, max_new_tokens=max_new_tokens,
-                                     pad_token_id=target_model.generation_config.pad_token_id, **kwargs)
-
-    return generate

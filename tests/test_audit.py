@@ -17,8 +17,8 @@ from specdec_ref.audit import (
     decoder_law,
     detectable_tv,
     law_tv,
-    random_pair,
     sample_emissions,
+    small_random_pair,
     target_law,
     transformers_assisted,
 )
@@ -30,7 +30,7 @@ PROMPT = torch.tensor([[1, 2, 3]])
 @pytest.fixture(scope="module")
 def small_pair():
     """A random target / draft pair on 8 tokens whose p and q disagree (article TV about 0.2)."""
-    return random_pair(8, seed=4)
+    return small_random_pair(8, seed=4)
 
 
 def law_sampler(law: dict[tuple[int, ...], float]):
@@ -131,7 +131,7 @@ def test_stated_power_holds_for_a_biased_sampler():
     biased = {(0,): 0.4 - epsilon, (1,): 0.3, (2,): 0.2, (3,): 0.1 + epsilon}  # TV = epsilon
     generator = torch.Generator().manual_seed(0)
     failures = sum(not audit(law_sampler(biased), PROMPT, law, num_samples=n, level=0.01,
-                             generator=generator).passed for _ in range(60))
+                             first_token_speculative=True, generator=generator).passed for _ in range(60))
     assert failures >= 0.8 * 60  # 0.9 expected; margin for 60 trials
 
 
@@ -139,8 +139,8 @@ def test_exact_sampler_fails_at_about_the_level():
     """An exact sampler fails at about the test's size, and its TV stays under tv_noise."""
     law = {(0,): 0.4, (1,): 0.3, (2,): 0.2, (3,): 0.1}
     generator = torch.Generator().manual_seed(0)
-    results = [audit(law_sampler(law), PROMPT, law, num_samples=300, level=0.05, generator=generator)
-               for _ in range(60)]
+    results = [audit(law_sampler(law), PROMPT, law, num_samples=300, level=0.05, first_token_speculative=True,
+                     generator=generator) for _ in range(60)]
     assert sum(not r.passed for r in results) <= 12  # 3 expected
     assert all(r.tv_estimate < r.tv_noise for r in results)
 
@@ -190,6 +190,65 @@ def test_errors_name_the_argument(small_pair):
     with pytest.raises(ValueError, match="num_draft_tokens"):
         decoder_law(target, draft, PROMPT, num_draft_tokens=0)
     with pytest.raises(ValueError, match="vocab_size"):
-        random_pair(1)
+        small_random_pair(1)
     with pytest.raises(TypeError, match="generate must return"):
         sample_emissions(lambda ids, g: [1, 2], PROMPT, num_samples=1)
+
+
+def test_audit_refuses_one_token_unless_it_is_speculative(small_pair):
+    """One token audits only the prefill in many decoders: refused unless the caller says it was drafted."""
+    target, draft = small_pair
+    law = target_law(target, PROMPT, SamplingConfig(), 1)
+    with pytest.raises(ValueError, match="first_token_speculative"):
+        audit(law_sampler(law), PROMPT, law, num_samples=10)
+    assert audit(law_sampler(law), PROMPT, law, num_samples=100, first_token_speculative=True).num_samples == 100
+
+
+def test_a_crash_is_a_verdict(small_pair):
+    """A callable that raises fails the audit with "crashed: <error>" instead of raising."""
+    law = {(0, 0): 0.5, (1, 1): 0.5}
+
+    def broken(input_ids, generator):
+        raise RuntimeError("cache out of sync")
+
+    result = audit(broken, PROMPT, law, num_samples=5, num_tokens=2)
+    assert not result.passed
+    assert result.summary() == "FAIL: crashed: RuntimeError: cache out of sync"
+    short = audit(lambda ids, g: ids, PROMPT, law, num_samples=5, num_tokens=2)
+    assert not short.passed and "fewer than num_tokens" in short.summary()
+
+
+@pytest.mark.parametrize("k, tokens", [(1, 2), (2, 3)])
+def test_audit_over_more_tokens_than_drafts_sees_the_bonus(small_pair, k, tokens):
+    """With m > K the outcome spans a bonus token: the package passes, a bonus from p_{K-1} fails."""
+    from biased import buggy_generate
+
+    target, draft = small_pair
+    sampling = SamplingConfig()
+    exact = target_law(target, PROMPT, sampling, tokens)
+
+    def decoder(bug):
+        return lambda ids, g: buggy_generate(target, draft, ids, max_new_tokens=tokens, num_draft_tokens=k,
+                                             sampling=sampling, generator=g, bug=bug)
+
+    ours = lambda ids, g: speculative_generate(target, draft, ids, max_new_tokens=tokens, num_draft_tokens=k,  # noqa: E731
+                                               sampling=sampling, generator=g)
+    kwargs = {"num_samples": 250, "num_tokens": tokens, "generator": torch.Generator().manual_seed(0)}
+    assert audit(ours, PROMPT, exact, **kwargs).passed
+    assert not audit(decoder("bonus_position"), PROMPT, exact, **kwargs).passed
+
+
+def test_generate_reference_is_generates_top_k_50():
+    """generate's own law (top_k = 50 by default) is rebuilt from transformers' warpers."""
+    from specdec_ref.laws import generate_reference, reference_probs
+
+    target, _ = small_random_pair(64, seed=1)
+    logits = target(torch.tensor([[1, 2, 3]])).logits[0].detach()  # (3, V)
+    theirs = reference_probs(logits, generate_reference(target))
+    assert torch.allclose(theirs, reference_probs(logits, SamplingConfig(top_k=50)), atol=1e-6)
+    assert not torch.allclose(theirs, reference_probs(logits, SamplingConfig()), atol=1e-6)
+    cooler = generate_reference(target, temperature=0.7, top_p=0.9)
+    assert torch.allclose(reference_probs(logits, cooler),
+                          reference_probs(logits, SamplingConfig(0.7, top_k=50, top_p=0.9)), atol=1e-6)
+    with pytest.raises(ValueError, match="may set only"):
+        generate_reference(target, repetition_penalty=1.2)
