@@ -26,7 +26,7 @@ from .kv_cache import LogitsSource, make_logits_source
 from .rejection import accept_reject
 from .sampling import SamplingConfig, logits_to_probs, sample
 from .schedules import DraftLengthSchedule, as_schedule, next_draft_length
-from .validation import check_generation_args, check_proposal, eos_set, vocab_size
+from .validation import check_drafter, check_generation_args, check_proposal, eos_set, vocab_size
 from .verification import target_distributions
 
 
@@ -135,10 +135,10 @@ def speculative_step(
     n = sequence.size(1)
     drafter = draft if is_drafter(draft) else ModelDrafter(draft, sampling,
                                                            generator)
-    proposal = drafter.draft(sequence, num_draft_tokens,
-                             vocab_size(target.model))  # (K, V)
+    vocab = vocab_size(target.model)
+    proposal = drafter.draft(sequence, num_draft_tokens, vocab)  # (K, V)
     if not isinstance(drafter, ModelDrafter):  # checked before the target runs
-        check_proposal(drafter, proposal, num_draft_tokens)
+        check_proposal(drafter, proposal, num_draft_tokens, vocab)
     p = target_distributions(target, sequence, proposal.tokens,
                              sampling)  # (K + 1, V)
     # A model's drafts and q rows are well formed by construction (only
@@ -239,7 +239,9 @@ def speculative_generate(
         ValueError / TypeError: for any malformed argument (see `validation`).
     """
     given_drafter = is_drafter(draft_model)
-    if not given_drafter and not isinstance(draft_model, PreTrainedModel):
+    if given_drafter:
+        check_drafter(draft_model)
+    elif not isinstance(draft_model, PreTrainedModel):
         raise TypeError(
             "draft_model must be a transformers PreTrainedModel or a Drafter "
             "(with draft(input_ids, num_draft_tokens, vocab_size) and "
@@ -249,8 +251,13 @@ def speculative_generate(
                             if given_drafter else 4)
     target = _as_target_source(target_model, use_cache, "target_model")
     models = {"target_model": target.model}
+    # A draft model gets the checks (vocabulary, device, context length),
+    # bare or behind a ModelDrafter (e.g. over a LeanForward).
+    inner = getattr(getattr(draft_model, "source", None), "model", None)
     if not given_drafter:
         models["draft_model"] = draft_model
+    elif isinstance(draft_model, ModelDrafter) and isinstance(inner, PreTrainedModel):
+        models["draft_model"] = inner
     check_generation_args(models, input_ids, max_new_tokens, sampling,
                           generator, num_draft_tokens)
     needed = input_ids.size(1) + max_new_tokens
@@ -260,8 +267,9 @@ def speculative_generate(
     draft = draft_model if given_drafter else ModelDrafter(
         make_logits_source(draft_model, use_cache), sampling, generator)
     _check_capacity(draft, needed, "draft_model")
-    # A drafter may hold a cache from an earlier call: start it empty.
-    draft.rollback(0)
+    # A drafter passed in may hold a cache from an earlier call: start it empty.
+    if given_drafter:
+        draft.rollback(0)
     target_calls_before = target.forward_calls
     draft_calls_before = draft.forward_calls
     sequence, stats, trace = input_ids, GenerationStats(), []

@@ -122,6 +122,9 @@ class LeanForward:
         Feeds only the tokens past `length`, which must include the last
         `num_positions` positions (as `CachedForward.last_logits`).
         """
+        if not isinstance(sequence, torch.Tensor) or sequence.dim() != 2 or sequence.size(0) != 1:
+            shape = tuple(sequence.shape) if isinstance(sequence, torch.Tensor) else type(sequence).__name__
+            raise ValueError(f"sequence must have shape (1, n), got {shape}")
         seen, end = self.length, sequence.size(1)
         if end - seen < num_positions:
             raise ValueError(f"num_positions={num_positions} but only {end - seen} tokens are unseen "

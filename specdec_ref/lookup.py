@@ -150,8 +150,10 @@ class PromptLookupDrafter:
         if as_integer(vocab_size) is None or vocab_size < 1:
             raise ValueError(f"vocab_size must be an integer >= 1, got {vocab_size!r}")
         tokens = self.lookup(input_ids, num_draft_tokens)  # (K',)
-        if tokens.numel() and int(tokens.max()) >= vocab_size:
-            raise ValueError(f"input_ids holds token {int(tokens.max())}, outside the vocabulary of {vocab_size}")
+        outside = tokens[(tokens < 0) | (tokens >= vocab_size)]  # one device sync
+        if outside.numel():
+            raise ValueError(f"input_ids holds token {int(outside[0])}, outside [0, {vocab_size}) "
+                             "(the vocabulary): token ids must lie in it")
         return one_hot_draft(tokens.long(), vocab_size)  # (K',), (K', V)
 
     def rollback(self, length: int) -> None:

@@ -100,17 +100,40 @@ def check_draft_length(k: object, source: str) -> int:
     return value
 
 
-def check_proposal(drafter: object, proposal: object, num_draft_tokens: int) -> None:
-    """A drafter's proposal before the target judges it: at most `num_draft_tokens` tokens.
+def check_drafter(drafter: object, name: str = "draft_model") -> None:
+    """A `drafting.Drafter` has `draft`, `rollback` and `forward_calls`; a TypeError names what is missing."""
+    for attribute in ("draft", "rollback", "forward_calls"):
+        value = getattr(drafter, attribute, None)
+        if value is None or (attribute != "forward_calls" and not callable(value)):
+            raise TypeError(
+                f"{type(drafter).__name__} has no {attribute}: {name} must be a transformers PreTrainedModel "
+                "or a Drafter (with draft(input_ids, num_draft_tokens, vocab_size), rollback(length) and "
+                "forward_calls)")
+
+
+def check_proposal(drafter: object, proposal: object, num_draft_tokens: int, vocab: int) -> None:
+    """A drafter's proposal before the target judges it: at most `num_draft_tokens` integer
+    token ids, shape (K',), each in [0, vocab). One device sync.
 
     Raises:
-        ValueError: naming the drafter, if it proposed more tokens than it was asked for
-            (they would run past `max_new_tokens`).
+        TypeError: naming the drafter, if the tokens are not an integer tensor.
+        ValueError: naming the drafter, for another shape, more tokens than it was asked
+            for (they would run past `max_new_tokens`) or ids outside the vocabulary.
     """
-    count = proposal.tokens.numel()
+    name = f"{type(drafter).__name__}.draft"
+    tokens = getattr(proposal, "tokens", None)
+    if not isinstance(tokens, torch.Tensor) or tokens.is_floating_point() or tokens.is_complex() \
+            or tokens.dtype == torch.bool:
+        kind = tokens.dtype if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        raise TypeError(f"{name} must return integer token ids, got {kind}")
+    if tokens.dim() != 1:
+        raise ValueError(f"{name} must return tokens of shape (K,), got {tuple(tokens.shape)}")
+    count = tokens.numel()
     if count > num_draft_tokens:
-        raise ValueError(f"{type(drafter).__name__}.draft returned {count} tokens, but was asked for at most "
+        raise ValueError(f"{name} returned {count} tokens, but was asked for at most "
                          f"num_draft_tokens={num_draft_tokens}: a Drafter may propose fewer tokens, never more")
+    if count and bool(((tokens < 0) | (tokens >= vocab)).any()):
+        raise ValueError(f"{name} returned token ids outside [0, {vocab}): {tokens.tolist()}")
 
 
 def check_generation_args(

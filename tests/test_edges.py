@@ -319,3 +319,53 @@ def test_a_drafter_proposing_more_than_asked_is_refused_by_name():
     with pytest.raises(ValueError, match=r"ScriptedDrafter\.draft returned 11 tokens.*num_draft_tokens=4"):
         speculative_generate(target, drafter, torch.tensor([[3, 4]]), max_new_tokens=20, num_draft_tokens=4,
                              sampling=GREEDY)
+
+
+@pytest.mark.parametrize(("tokens", "error", "match"), [
+    ([3, 48], ValueError, r"ScriptedDrafter\.draft returned token ids outside \[0, 48\): \[3, 48\]"),
+    ([-1], ValueError, r"ScriptedDrafter\.draft returned token ids outside \[0, 48\): \[-1\]"),
+    ([2.0, 3.0], TypeError, r"ScriptedDrafter\.draft must return integer token ids, got torch\.float32"),
+    ([[2, 3]], ValueError, r"ScriptedDrafter\.draft must return tokens of shape \(K,\), got \(1, 2\)"),
+])
+def test_bad_drafted_tokens_are_refused_by_name_before_the_target_runs(tokens, error, match):
+    """Ids outside the vocabulary, negative or float ids, a 2-D proposal: a clear error, no target pass."""
+    target = make_model("llama", layers=1, seed=1)
+    calls = []
+    target.register_forward_hook(lambda *args: calls.append(1))
+    with pytest.raises(error, match=match):
+        speculative_generate(target, ScriptedDrafter(tokens), torch.tensor([[3, 4]]), max_new_tokens=8,
+                             num_draft_tokens=4, sampling=GREEDY)
+    assert not calls
+
+
+@pytest.mark.parametrize("missing", ["forward_calls", "rollback"])
+def test_a_drafter_missing_part_of_the_protocol_is_refused_by_name(missing):
+    """A drafter without `forward_calls` or `rollback`: a TypeError that says what a Drafter needs."""
+    target = make_model("llama", layers=1, seed=1)
+    drafter = ScriptedDrafter([5], **{missing: False})
+    with pytest.raises(TypeError, match=rf"ScriptedDrafter has no {missing}.*draft_model must be"):
+        speculative_generate(target, drafter, torch.tensor([[3, 4]]), max_new_tokens=4, sampling=GREEDY)
+
+
+def test_a_model_drafter_over_a_logits_source_gets_the_models_checks():
+    """ModelDrafter(LeanForward(draft)) with another vocabulary: the same ValueError as the bare model."""
+    from specdec_ref.drafting import ModelDrafter
+    from specdec_ref.lean import LeanForward
+
+    target = make_model("llama", layers=1, seed=1)
+    draft = make_model("llama", layers=1, vocab=80, seed=2)
+    for given in (draft, ModelDrafter(LeanForward(draft), GREEDY)):
+        with pytest.raises(ValueError, match="draft_model has a vocabulary of 80 tokens but target_model has 48"):
+            speculative_generate(target, given, torch.tensor([[3, 4]]), max_new_tokens=4, sampling=GREEDY)
+
+
+def test_lean_forward_and_prompt_lookup_name_their_bad_inputs():
+    """A 1-D sequence to LeanForward.last_logits, a negative id to PromptLookupDrafter.draft."""
+    from specdec_ref.lean import LeanForward
+    from specdec_ref.lookup import PromptLookupDrafter
+
+    lean = LeanForward(make_model("llama", layers=1, seed=1))
+    with pytest.raises(ValueError, match=r"sequence must have shape \(1, n\), got \(4,\)"):
+        lean.last_logits(torch.tensor([3, 4, 5, 6]), 1)
+    with pytest.raises(ValueError, match=r"input_ids holds token -2, outside \[0, 6\)"):
+        PromptLookupDrafter().draft(torch.tensor([[1, -2, 3, 1]]), 3, vocab_size=6)
