@@ -10,7 +10,8 @@ same weights through the same arithmetic with none of that:
 * the keys and values live in one preallocated buffer per layer, (H_kv, P, d), so a
   pass writes its new columns in place and `rollback(n)` only lowers a length;
 * the rotary cos / sin rows for every position are computed once, by the model's own
-  rotary-embedding module (so any rope scaling the config asks for is honoured);
+  rotary-embedding module (so any rope scaling whose rows do not depend on the
+  sequence length is honoured);
 * each block is RMSNorm, attention (`scaled_dot_product_attention`, grouped-query
   when H_kv < H), RMSNorm, SwiGLU, read from the model's own weight tensors; the
   linear layers are called through the model's own layers' `forward`, so a draft
@@ -27,8 +28,10 @@ Invariant: its logits equal `kv_cache.CachedForward`'s on the same model up to f
 rounding (`tests/test_lean.py`: below 1e-5 in float32 across passes and rollbacks).
 Only the draft's speed changes: the decoder's output law depends on the q it was
 given, never on how q was computed, and the target still runs through `transformers`.
-Supported: Llama-style models (model types in `LEAN_MODEL_TYPES`) with SiLU MLPs and
-full attention; anything else raises a `ValueError` naming what is not supported.
+Supported: Llama-style models (model types in `LEAN_MODEL_TYPES`) with SiLU MLPs, full
+attention and a rotary table that does not depend on the sequence length (not "dynamic"
+or "longrope", whose rows past max_position_embeddings change as the sequence grows: the
+rule of `fast.static_unsupported`); anything else raises a `ValueError` naming what is not supported.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from .fast.blocks import length_dependent_rope
 from .timing import time_call
 from .validation import model_device, vocab_size
 
@@ -57,7 +61,7 @@ def lean_unsupported(model: PreTrainedModel) -> str | None:
     if getattr(config, "use_sliding_window", False) or any(
             kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
         return "some layers use sliding-window attention"
-    return None
+    return length_dependent_rope(model)  # the rotary table is computed once, as in `fast`
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -87,3 +87,28 @@ def test_unsupported_models_and_bad_lengths_are_refused():
     lean.last_logits(torch.ones(1, 4, dtype=torch.long), 1)
     with pytest.raises(ValueError, match="rollback"):
         lean.last_logits(torch.ones(1, 4, dtype=torch.long), 1)
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+    {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8, "long_factor": [4.0] * 8,
+     "factor": 4.0},
+], ids=["dynamic", "longrope"])
+def test_rope_tables_that_follow_the_sequence_length_are_refused(rope):
+    """"dynamic" and "longrope" change every position's cos / sin as the sequence grows past
+    max_position_embeddings: one table computed up front is wrong, so LeanForward refuses
+    them, by the rule of fast.static_unsupported."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdec_ref.fast import static_unsupported
+    from specdec_ref.lean import lean_unsupported
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=48, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                         rope_parameters=rope)
+    model = LlamaForCausalLM(config).eval()
+    assert lean_unsupported(model) == static_unsupported(model) == \
+        f"rope type {rope['rope_type']!r} depends on the sequence length"
+    with pytest.raises(ValueError, match=f"LeanForward cannot run LlamaForCausalLM: rope type '{rope['rope_type']}'"):
+        LeanForward(model, max_length=60)

@@ -68,9 +68,17 @@ def static_unsupported(model: PreTrainedModel) -> str | None:
             kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
         return "some layers use sliding-window attention"
     if config.model_type != "gpt2":
-        rope_type = getattr(model.model.rotary_emb, "rope_type", "default")
-        if any(kind in str(rope_type) for kind in _LENGTH_DEPENDENT_ROPE):
-            return f"rope type {rope_type!r} depends on the sequence length"
+        return length_dependent_rope(model)
+    return None
+
+
+def length_dependent_rope(model: PreTrainedModel) -> str | None:
+    """Why a rotary table computed once is wrong for `model` ("dynamic", "longrope": cos / sin
+    rows that change as the sequence grows), or None. The rule `lean.LeanForward` follows too."""
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    rope_type = getattr(rotary, "rope_type", "default")
+    if any(kind in str(rope_type) for kind in _LENGTH_DEPENDENT_ROPE):
+        return f"rope type {rope_type!r} depends on the sequence length"
     return None
 
 
