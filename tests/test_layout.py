@@ -84,3 +84,20 @@ def test_a_circle_would_be_found(monkeypatch):
         assert "a -> b -> c -> a" in str(error)
     else:
         raise AssertionError("the circle a -> b -> c -> a was not found")
+
+
+HANG_GUARD = 1200  # seconds: the least a test's wall-clock limit may be
+
+
+def test_wall_clock_limits_in_tests_only_guard_hangs():
+    """No test fails because the machine is slow: every `timeout=` in tests/ is at least
+    HANG_GUARD seconds, a guard against a hang, never a performance target."""
+    tight = []
+    for path in sorted(Path(__file__).resolve().parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.keyword) and node.arg == "timeout":
+                value = node.value
+                if not (isinstance(value, ast.Constant) and isinstance(value.value, (int, float))
+                        and value.value >= HANG_GUARD):
+                    tight.append(f"{path.name}:{node.lineno}: timeout={ast.unparse(value)}")
+    assert not tight, f"limits under {HANG_GUARD} s (or not literal): {tight}"
