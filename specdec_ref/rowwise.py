@@ -31,13 +31,16 @@ Use: `use_rowwise_attention(model)` (or `use_rowwise_attention(model, GROUPED)`)
 `--attention rowwise_sdpa` / `grouped_eager` in the benchmark. Batches of more than one
 sequence, masks other than the causal one (padding, sliding windows), position biases,
 soft-capping, attention sinks and dropout fall back to `transformers`' sdpa attention
-(correct, but not row by row). Both are registered with `transformers`' sdpa mask
+(correct, but not row by row). A sliding window is plain causal attention as long as it
+is at least as long as the keys (Mistral's 4096 over a shorter sequence); a window that
+hides keys falls back, with a warning. Both are registered with `transformers`' sdpa mask
 function, so a padded batch still brings its mask.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +51,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 ROWWISE = "rowwise_sdpa"  # the names `transformers` knows these attentions by
 GROUPED = "grouped_eager"
 # Keyword arguments that ask for more than causal attention: they fall back to sdpa.
-_EXTRAS = ("position_bias", "sliding_window", "softcap", "s_aux")
+# (A sliding window does only when it is shorter than the keys: `_window_hides_nothing`.)
+_EXTRAS = ("position_bias", "softcap", "s_aux")
 
 
 def rowwise_attention(
@@ -128,7 +132,19 @@ def _plain_causal(module: torch.nn.Module, query: torch.Tensor, key: torch.Tenso
     batch, heads, m, _ = query.shape
     return (batch == 1 and heads % key.size(1) == 0 and not (dropout and module.training)
             and all(kwargs.get(name) is None for name in _EXTRAS)
+            and _window_hides_nothing(kwargs.get("sliding_window"), key.size(2))
             and _only_causal(mask, m, key.size(2)))
+
+
+def _window_hides_nothing(window: int | None, length: int) -> bool:
+    """Whether a sliding window (a query sees itself and the window - 1 keys before it)
+    leaves every one of the L keys visible, so attention is plain causal; when it does
+    not, warn that the pass falls back to sdpa (correct, not row by row)."""
+    if window is None or window >= length:
+        return True
+    warnings.warn(f"sliding_window={window} hides some of the {length} keys: this attention falls back to "
+                  "sdpa, which keeps the window but not bitwise batch invariance", UserWarning, stacklevel=3)
+    return False
 
 
 _FUTURE: dict = {}  # the last mask built: every layer of a pass asks for the same one

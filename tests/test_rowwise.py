@@ -120,3 +120,35 @@ def test_a_model_without_an_attention_switch_or_an_unknown_attention_is_refused(
         use_rowwise_attention(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="attention must be"):
         use_rowwise_attention(make_model("llama", layers=1, seed=1), "flash")
+
+
+@pytest.mark.parametrize("attention", [ROWWISE, GROUPED])
+def test_a_window_longer_than_the_sequence_keeps_the_batch_invariant_path(attention, monkeypatch):
+    """Mistral with sliding_window 4096 over 20 tokens: the window hides nothing, so no call
+    falls back to sdpa; a window of 6 does hide keys: sdpa (with the window's mask) and a
+    warning that says so. Either way the tokens are sdpa's."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from specdec_ref import rowwise
+
+    calls = []
+    fallback = rowwise.sdpa_attention_forward
+    monkeypatch.setattr(rowwise, "sdpa_attention_forward", lambda *a, **k: calls.append(1) or fallback(*a, **k))
+    prompt = torch.tensor([[3, 9, 4, 1, 5, 7, 2, 8]])
+    kwargs = {"max_new_tokens": 12, "min_new_tokens": 12, "do_sample": False}
+    for window in (4096, 6):
+        torch.manual_seed(0)
+        config = MistralConfig(vocab_size=48, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                               sliding_window=window, initializer_range=0.2, pad_token_id=0)
+        model = MistralForCausalLM(config).eval()
+        expected = copy.deepcopy(model).generate(prompt, **kwargs)
+        use_rowwise_attention(model, attention)
+        calls.clear()
+        if window > 20:
+            assert torch.equal(model.generate(prompt, **kwargs), expected)
+            assert not calls
+        else:
+            with pytest.warns(UserWarning, match="sliding_window=6 .* falls back to sdpa"):
+                assert torch.equal(model.generate(prompt, **kwargs), expected)
+            assert calls
