@@ -4,10 +4,12 @@
 list of prompts at once. Each iteration drafts for every unfinished row with K batched
 passes of the draft model, scores all the drafts with one batched pass of the target,
 and applies the rule of `rejection.accept_reject` to every row at once
-(`accept_reject_rows`, built on `residual_distribution` and `sample`). Rows accept
+(`rejection.accept_reject_rows`, built on `residual_distribution` and `sample`). Rows accept
 different numbers of drafts, so after the first iteration their lengths differ. Near
 its budget a row judges only K_b < K drafts; the batch still drafts the largest K_b,
-and a row's extra drafts are neither verified nor counted. The rule per row is that of
+but each row is fed only its own K_b drafts (never a position past its budget, so
+never past the model's context), and a row's extra drafts are neither verified nor
+counted. The rule per row is that of
 Leviathan et al. (2023) and Chen et al. (2023); keeping a ragged batch in step is the
 problem BASS (Qian et al., 2024) solves with ragged attention kernels, solved here with
 left padding, attention masks, explicit positions and one gather.
@@ -44,7 +46,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from .decoder import GenerationOutput, GenerationStats, IterationRecord, cut_after_eos
-from .rejection import residual_distribution
+from .rejection import accept_reject_rows
 from .sampling import SamplingConfig, logits_to_probs, sample
 from .validation import as_integer, check_generation_args, eos_set, model_device, vocab_size
 
@@ -197,65 +199,15 @@ def check_prompts(prompts: object, model: PreTrainedModel | None = None) -> None
                          f"{index - (ends[i - 1] if i else 0)}")
 
 
-def accept_reject_rows(
-    drafted: torch.Tensor,
-    draft_probs: torch.Tensor,
-    target_probs: torch.Tensor,
-    num_drafts: list[int],
-    generator: torch.Generator | None = None,
-    *,
-    greedy: bool = False,
-) -> list[list[int]]:
-    """`rejection.accept_reject` for every row of a batch at once.
-
-    Row b judges only its first num_drafts[b] drafts (fewer than K near its
-    budget): accept x_i with probability min(1, p_i(x_i) / q_i(x_i)); at the first
-    rejection emit a token of `residual_distribution(p_i, q_i)`; after K_b
-    acceptances emit the bonus token from p_{K_b}. Greedy: keep drafts while they
-    are the argmax of p, then emit the argmax.
-
-    Args:
-        drafted: the drafted tokens, shape (B, K).
-        draft_probs: q, shape (B, K, V).
-        target_probs: p, shape (B, K + 1, V).
-        num_drafts: K_b <= K for each row.
-        generator: draws one (B, K) block of uniforms, then one token per row.
-        greedy: temperature 0.
-
-    Returns:
-        For each row, the accepted drafts followed by one correction or bonus token.
-    """
-    batch, k = drafted.shape
-    device = target_probs.device
-    rows = torch.arange(batch, device=device)  # (B,)
-    limit = torch.tensor(num_drafts, device=device)  # (B,)
-    if greedy:
-        choice = target_probs.argmax(-1)  # (B, K + 1)
-        accepted = drafted == choice[:, :k]  # (B, K)
-    else:
-        # Accept x_i iff u_i * q_i(x_i) < p_i(x_i), in float64 on the generator's
-        # device, with the strict "<" of accept_reject.
-        where = generator.device if generator is not None else torch.device("cpu")
-        px = target_probs[:, :k].gather(-1, drafted[..., None]).squeeze(-1)  # (B, K)
-        qx = draft_probs.gather(-1, drafted[..., None]).squeeze(-1)  # (B, K)
-        u = torch.rand(batch, k, dtype=torch.float64, device=where, generator=generator)  # (B, K)
-        accepted = (u * qx.to(where, torch.float64) < px.to(where, torch.float64)).to(device)  # (B, K)
-    # n_b: drafts accepted before the first rejection, slots past K_b never count.
-    accepted &= torch.arange(k, device=device)[None] < limit[:, None]  # (B, K)
-    n = accepted.long().cumprod(-1).sum(-1)  # (B,)
-    p_n = target_probs[rows, n]  # (B, V): p at the first rejected slot, or p_{K_b}
-    if greedy:
-        last = p_n.argmax(-1)  # (B,)
-    else:
-        after = p_n.double()  # (B, V) the bonus distribution after K_b acceptances
-        if k:
-            # Rejected at slot n_b < K_b: the correction comes from the residual.
-            q_n = draft_probs[rows, n.clamp(max=k - 1)].double()  # (B, V)
-            residual = residual_distribution(p_n.double(), q_n)  # (B, V)
-            after = torch.where((n < limit)[:, None], residual, after)
-        last = sample(after, generator)  # (B,)
-    counts, drafts, last = n.tolist(), drafted.tolist(), last.tolist()
-    return [row[:count] + [token] for row, count, token in zip(drafts, counts, last, strict=True)]
+def _judged(logits: torch.Tensor, ks: list[int]) -> torch.Tensor:
+    """The last K_max + 1 positions of each row (B, K_max + 1, V), with row b's K_b + 1
+    slots (its K_b drafts end K_max - K_b positions early) moved to the front."""
+    k_max = logits.size(1) - 1
+    if min(ks) == k_max:
+        return logits
+    shift = torch.tensor([k_max - kb for kb in ks], device=logits.device)  # (B,)
+    slots = (torch.arange(k_max + 1, device=logits.device)[None] + shift[:, None]).clamp(max=k_max)  # (B, K_max + 1)
+    return logits.gather(1, slots[..., None].expand(-1, -1, logits.size(2)))
 
 
 @torch.no_grad()
@@ -322,14 +274,15 @@ def batched_speculative_generate(
         drafted = torch.empty(len(active), 0, dtype=torch.long, device=device)  # (B, 0)
         q = []
         for _ in range(k_max):
-            extended = [row + tokens for row, tokens in zip(rows, drafted.tolist(), strict=True)]
+            # A row is fed only the drafts it may judge: never a position past its budget.
+            extended = [row + tokens[:kb] for row, tokens, kb in zip(rows, drafted.tolist(), ks, strict=True)]
             probs = logits_to_probs(draft.last_logits(extended, 1)[:, -1], sampling)  # (B, V)
             token = probs.argmax(-1) if sampling.greedy else sample(probs, generator)  # (B,)
             drafted = torch.cat([drafted, token.view(-1, 1).to(device)], dim=1)  # (B, i + 1)
             q.append(probs)
         # 2. Verify: one batched target pass over every row's drafts.
-        extended = [row + tokens for row, tokens in zip(rows, drafted.tolist(), strict=True)]
-        p = logits_to_probs(target.last_logits(extended, k_max + 1), sampling)  # (B, K_max + 1, V)
+        extended = [row + tokens[:kb] for row, tokens, kb in zip(rows, drafted.tolist(), ks, strict=True)]
+        p = logits_to_probs(_judged(target.last_logits(extended, k_max + 1), ks), sampling)  # (B, K_max + 1, V)
         q = torch.stack(q, 1) if q else p[:, :0]  # (B, K_max, V)
         # 3. Accept / reject: the rule of speculative_step, every row at once.
         emissions = accept_reject_rows(drafted, q, p, ks, generator, greedy=sampling.greedy)

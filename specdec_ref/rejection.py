@@ -13,6 +13,9 @@ position, because P(emit y) = min(p(y), q(y)) + (1 - beta) r(y) = p(y), with
 beta = sum_x min(p(x), q(x)). `emission_distribution` computes the law of one call
 by exact enumeration, so the claim can be checked to 1e-12 on small vocabularies.
 
+`accept_reject_rows` applies the same rule to every row of a batch at once (chapter 7's
+`batched`), each row judging its own number of drafts.
+
 The source article resamples from p itself after a rejection (its residual is
 p - p = 0); `accept_reject_article` keeps that rule so the book and tests can show
 it is biased towards tokens that both models like.
@@ -148,6 +151,67 @@ def accept_reject(
         # All K accepted: the bonus token comes from p_K, already computed.
         last = sample(target_probs[k], generator)
     return draft_tokens[:n].tolist() + [int(last)]
+
+
+def accept_reject_rows(
+    drafted: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    num_drafts: list[int],
+    generator: torch.Generator | None = None,
+    *,
+    greedy: bool = False,
+) -> list[list[int]]:
+    """`rejection.accept_reject` for every row of a batch at once.
+
+    Row b judges only its first num_drafts[b] drafts (fewer than K near its
+    budget): accept x_i with probability min(1, p_i(x_i) / q_i(x_i)); at the first
+    rejection emit a token of `residual_distribution(p_i, q_i)`; after K_b
+    acceptances emit the bonus token from p_{K_b}. Greedy: keep drafts while they
+    are the argmax of p, then emit the argmax.
+
+    Args:
+        drafted: the drafted tokens, shape (B, K).
+        draft_probs: q, shape (B, K, V).
+        target_probs: p, shape (B, K + 1, V).
+        num_drafts: K_b <= K for each row.
+        generator: draws one (B, K) block of uniforms, then one token per row.
+        greedy: temperature 0.
+
+    Returns:
+        For each row, the accepted drafts followed by one correction or bonus token.
+    """
+    batch, k = drafted.shape
+    device = target_probs.device
+    rows = torch.arange(batch, device=device)  # (B,)
+    limit = torch.tensor(num_drafts, device=device)  # (B,)
+    if greedy:
+        choice = target_probs.argmax(-1)  # (B, K + 1)
+        accepted = drafted == choice[:, :k]  # (B, K)
+    else:
+        # Accept x_i iff u_i * q_i(x_i) < p_i(x_i), in float64 on the generator's
+        # device, with the strict "<" of accept_reject.
+        where = generator.device if generator is not None else torch.device("cpu")
+        px = target_probs[:, :k].gather(-1, drafted[..., None]).squeeze(-1)  # (B, K)
+        qx = draft_probs.gather(-1, drafted[..., None]).squeeze(-1)  # (B, K)
+        u = torch.rand(batch, k, dtype=torch.float64, device=where, generator=generator)  # (B, K)
+        accepted = (u * qx.to(where, torch.float64) < px.to(where, torch.float64)).to(device)  # (B, K)
+    # n_b: drafts accepted before the first rejection, slots past K_b never count.
+    accepted &= torch.arange(k, device=device)[None] < limit[:, None]  # (B, K)
+    n = accepted.long().cumprod(-1).sum(-1)  # (B,)
+    p_n = target_probs[rows, n]  # (B, V): p at the first rejected slot, or p_{K_b}
+    if greedy:
+        last = p_n.argmax(-1)  # (B,)
+    else:
+        after = p_n.double()  # (B, V) the bonus distribution after K_b acceptances
+        if k:
+            # Rejected at slot n_b < K_b: the correction comes from the residual.
+            q_n = draft_probs[rows, n.clamp(max=k - 1)].double()  # (B, V)
+            residual = residual_distribution(p_n.double(), q_n)  # (B, V)
+            after = torch.where((n < limit)[:, None], residual, after)
+        last = sample(after, generator)  # (B,)
+    counts, drafts, last = n.tolist(), drafted.tolist(), last.tolist()
+    return [row[:count] + [token] for row, count, token in zip(drafts, counts, last, strict=True)]
 
 
 def accept_reject_article(

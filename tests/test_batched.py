@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import chi_square_pvalue, exact_joint_law, generator_on, make_model, noisy_copy
 
-from specdec_ref import SamplingConfig, batched, speculative_generate
+from specdec_ref import SamplingConfig, rejection, speculative_generate
 from specdec_ref.batched import BatchedForward, accept_reject_rows, batched_speculative_generate
 from specdec_ref.kv_cache import FullForward
 from specdec_ref.rejection import accept_reject, emission_distribution
@@ -135,7 +135,7 @@ def test_sampled_rows_follow_target_law(family, sampling, device):
 def test_chi_square_rejects_the_article_rule(monkeypatch, device):
     """Power check: the same test fails when rejected drafts are resampled from p
     (the source article's biased rule) instead of the residual."""
-    monkeypatch.setattr(batched, "residual_distribution", lambda p, q: p)
+    monkeypatch.setattr(rejection, "residual_distribution", lambda p, q: p)
     assert max(law_pvalues(SamplingConfig(1.0), device=device)) < 1e-6  # every prompt fails
 
 
@@ -250,3 +250,22 @@ def test_mismatched_models_are_refused():
         batched_speculative_generate(target, make_model("gpt2", vocab=40), [torch.tensor([1])], max_new_tokens=2)
     with pytest.raises(TypeError, match="draft_model"):
         batched_speculative_generate(target, "gpt2", [torch.tensor([1])], max_new_tokens=2)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(1.0)], ids=["greedy", "t1"])
+def test_rows_near_the_context_limit_never_get_drafts_past_their_budget(sampling):
+    """Prompts of 30 and 2 tokens, n_positions 36, 6 new tokens, K = 4: a row near its
+    budget is fed only the drafts it may judge, never positions past the context, and
+    greedy rows stay the target's greedy output."""
+    target = make_model("gpt2", layers=2, seed=1, positions=36)
+    draft = noisy_copy(target, noise=0.3, seed=2)  # close enough to accept whole blocks
+    prompts = random_prompts([30, 2], seed=4)
+    for seed in range(6):
+        outs = batched_speculative_generate(target, draft, prompts, max_new_tokens=6, num_draft_tokens=4,
+                                            sampling=sampling, generator=torch.Generator().manual_seed(seed))
+        for prompt, out in zip(prompts, outs, strict=True):
+            assert out.sequences.size(1) == len(prompt) + 6
+            if sampling.greedy:
+                expected = target.generate(prompt[None], max_new_tokens=6, min_new_tokens=6, do_sample=False)
+                assert torch.equal(out.sequences, expected)
+
