@@ -27,7 +27,11 @@ budget) leaves the batch and costs no more work.
 
 Invariant: each row's output is distributed exactly as `autoregressive_generate` with
 the target model and the same `SamplingConfig` would give it. With temperature 0 it is
-the target's greedy output token for token, whatever the other rows are.
+the target's greedy output token for token, whatever the other rows are: in float32 up
+to rounding that practically never flips an argmax; in bfloat16 bitwise when the target
+runs `rowwise` attention (grouped eager or row by row) over prepacked layers, which
+compute each row of a padded batch as that row alone. With sdpa attention in bfloat16 a
+row's rounding depends on the padding the other rows bring, and a near-tie can flip.
 
 Randomness: everything comes from one `generator`, in a fixed order. Each draft pass
 calls `sample` once on the (B, V) draft distributions of the B unfinished rows: one

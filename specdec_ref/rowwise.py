@@ -28,13 +28,15 @@ benchmark's bfloat16 arms run with it. Its invariance is measured, not construct
 `tests/test_rowwise.py` checks it bitwise on the machine that runs the tests.
 
 Use: `use_rowwise_attention(model)` (or `use_rowwise_attention(model, GROUPED)`), or
-`--attention rowwise_sdpa` / `grouped_eager` in the benchmark. Batches of more than one
-sequence, masks other than the causal one (padding, sliding windows), position biases,
-soft-capping, attention sinks and dropout fall back to `transformers`' sdpa attention
-(correct, but not row by row). A sliding window is plain causal attention as long as it
-is at least as long as the keys (Mistral's 4096 over a shorter sequence); a window that
-hides keys falls back, with a warning. Both are registered with `transformers`' sdpa mask
-function, so a padded batch still brings its mask.
+`--attention rowwise_sdpa` / `grouped_eager` in the benchmark. Both are registered with
+`transformers`' sdpa mask function, so a padded batch brings its mask; a batch whose
+rows are left-padded (`batched.BatchedForward`, `generate` on padded prompts) is
+computed one row at a time, each over its own keys, so every row is bitwise what it
+gives alone, whatever the other rows are (`tests/test_batched.py`). A sliding window is
+plain causal attention as long as it is at least as long as the keys (Mistral's 4096
+over a shorter sequence); a window that hides keys falls back to `transformers`' sdpa
+attention (correct, but not row by row), with a warning, as do other masks, position
+biases, soft-capping, attention sinks and dropout.
 """
 
 from __future__ import annotations
@@ -73,10 +75,13 @@ def rowwise_attention(
     there. Returns the output (1, m, H, d) as `transformers`' sdpa
     attention does, and no weights.
     """
-    if not _plain_causal(module, query, key, attention_mask, dropout, kwargs):
+    starts = _row_starts(module, query, key, attention_mask, dropout, kwargs)
+    if starts is None:
         return sdpa_attention_forward(module, query, key, value,
                                       attention_mask, scaling=scaling,
                                       dropout=dropout, **kwargs)
+    if len(starts) > 1:  # a padded batch: each row alone, over its own keys
+        return _row_by_row(rowwise_attention, module, query, key, value, starts, scaling)
     heads, m, length = query.size(1), query.size(2), key.size(2)
     grouped = key.size(1) != heads  # grouped-query attention
     rows = []
@@ -107,10 +112,13 @@ def grouped_attention(
     position L - m + i and sees keys 0 .. L - m + i. Returns the output
     (1, m, H, d) and no weights.
     """
-    if not _plain_causal(module, query, key, attention_mask, dropout, kwargs):
+    starts = _row_starts(module, query, key, attention_mask, dropout, kwargs)
+    if starts is None:
         return sdpa_attention_forward(module, query, key, value,
                                       attention_mask, scaling=scaling,
                                       dropout=dropout, **kwargs)
+    if len(starts) > 1:  # a padded batch: each row alone, over its own keys
+        return _row_by_row(grouped_attention, module, query, key, value, starts, scaling)
     _, heads, m, dim = query.shape
     kv_heads, length = key.size(1), key.size(2)
     scale = dim ** -0.5 if scaling is None else scaling
@@ -124,16 +132,59 @@ def grouped_attention(
     return out.view(heads, m, dim).transpose(0, 1)[None].contiguous(), None
 
 
-def _plain_causal(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
-                  mask: torch.Tensor | None, dropout: float, kwargs: dict) -> bool:
-    """Whether a call is what both attentions here compute: one sequence, plain causal
-    attention. Padding, a window, a bias, soft-capping, sinks, uneven head groups and
-    dropout in training go to the library's sdpa attention (correct, not row by row)."""
+def _row_starts(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                mask: torch.Tensor | None, dropout: float, kwargs: dict) -> list[int] | None:
+    """The key column where each row's tokens start, when a call is what both attentions
+    here compute: plain causal attention, over one sequence ([0]) or a batch whose rows
+    are left-padded (`_padded_starts`). None: padding of another shape, a window that
+    hides keys, a bias, soft-capping, sinks, uneven head groups or dropout in training,
+    which go to the library's sdpa attention (correct, not row by row)."""
     batch, heads, m, _ = query.shape
-    return (batch == 1 and heads % key.size(1) == 0 and not (dropout and module.training)
+    if not (heads % key.size(1) == 0 and not (dropout and module.training)
             and all(kwargs.get(name) is None for name in _EXTRAS)
-            and _window_hides_nothing(kwargs.get("sliding_window"), key.size(2))
-            and _only_causal(mask, m, key.size(2)))
+            and _window_hides_nothing(kwargs.get("sliding_window"), key.size(2))):
+        return None
+    if batch == 1:
+        return [0] if _only_causal(mask, m, key.size(2)) else None
+    return _padded_starts(mask, batch, m, key.size(2))
+
+
+_PADDED: list = [None, None]  # the last padded mask read, and its rows' starts
+
+
+def _padded_starts(mask: torch.Tensor | None, batch: int, m: int, length: int) -> list[int] | None:
+    """Row b's first key column s_b when `mask` (B, 1, m, L) is causal with each row's
+    first s_b columns hidden (left padding); None for any other mask. Query rows that
+    sit on padding themselves are not read. One device sync per pass, not per layer."""
+    if mask is None:
+        return [0] * batch
+    if mask is _PADDED[0]:
+        return _PADDED[1]
+    allowed = mask.reshape(batch, -1, mask.size(-2), mask.size(-1))[:, 0, -m:, :length]  # (B, m, L)
+    allowed = allowed if allowed.dtype == torch.bool else allowed == 0
+    starts = length - allowed[:, -1].sum(-1)  # (B,) the last row sees every unpadded key
+    columns = torch.arange(length, device=mask.device)
+    expected = ~_future(m, length, mask.device)[None] & (columns >= starts[:, None])[:, None]  # (B, m, L)
+    real = (length - m + torch.arange(m, device=mask.device))[None] >= starts[:, None]  # (B, m)
+    if bool(((allowed != expected) & real[..., None]).any()):
+        return None
+    _PADDED[:] = [mask, starts.tolist()]
+    return _PADDED[1]
+
+
+def _row_by_row(attention, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                value: torch.Tensor, starts: list[int], scaling: float | None) -> tuple[torch.Tensor, None]:
+    """`attention` of each row of a left-padded batch alone: its unpadded queries over its
+    unpadded keys (contiguous, as one sequence's cache holds them), so every row is
+    bitwise what that row gives alone; padded queries get zeros. Output (B, m, H, d)."""
+    m, length = query.size(2), key.size(2)
+    rows = []
+    for b, start in enumerate(starts):
+        real = min(m, length - start)  # the row's queries that are tokens, not padding
+        out, _ = attention(module, query[b:b + 1, :, m - real:], key[b:b + 1, :, start:].contiguous(),
+                           value[b:b + 1, :, start:].contiguous(), None, scaling=scaling)  # (1, real, H, d)
+        rows.append(out if real == m else torch.cat([out.new_zeros(1, m - real, *out.shape[2:]), out], 1))
+    return torch.cat(rows), None
 
 
 def _window_hides_nothing(window: int | None, length: int) -> bool:

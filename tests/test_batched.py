@@ -269,3 +269,34 @@ def test_rows_near_the_context_limit_never_get_drafts_past_their_budget(sampling
                 expected = target.generate(prompt[None], max_new_tokens=6, min_new_tokens=6, do_sample=False)
                 assert torch.equal(out.sequences, expected)
 
+
+@pytest.mark.parametrize("attention", ["grouped_eager", "rowwise_sdpa"])
+def test_bfloat16_padded_batches_are_row_invariant_with_rowwise_attention(attention):
+    """bfloat16, prepacked, grouped eager or row-by-row attention: a padded batch's logits are,
+    row by row, bitwise what the row alone gives, so batched greedy is `generate`'s output
+    for every row whatever the other rows are (12 prompts of different lengths)."""
+    from specdec_ref.kv_cache import CachedForward
+    from specdec_ref.packed import pack_linear_layers, packing_unsupported
+    from specdec_ref.rowwise import use_rowwise_attention
+
+    if packing_unsupported(torch.nn.Linear(2, 2)) is not None:
+        pytest.skip("this torch build cannot prepack linear layers")
+    target = make_model("llama", layers=2, seed=11).to(torch.bfloat16)
+    draft = make_model("llama", layers=1, seed=12).to(torch.bfloat16)
+    for model in (target, draft):
+        pack_linear_layers(model)
+        use_rowwise_attention(model, attention)
+    prompts = random_prompts([3, 17, 9, 30, 1, 12, 25, 6, 20, 4, 14, 8], seed=5)
+    rows = [prompt.tolist() for prompt in prompts]
+    batch = BatchedForward(target, len(rows))
+    batch.last_logits(rows, 1)  # a first pass fills the cache
+    longer = [row + [7, 9, 11, 13][: 1 + i % 4] for i, row in enumerate(rows)]  # ragged again
+    together = batch.last_logits(longer, 2)  # (B, 2, V)
+    for row, logits in zip(longer, together, strict=True):
+        alone = CachedForward(target).last_logits(torch.tensor([row]), 2)
+        assert torch.equal(logits, alone)
+    outs = batched_speculative_generate(target, draft, prompts, max_new_tokens=24, num_draft_tokens=4,
+                                        sampling=GREEDY)
+    for prompt, out in zip(prompts, outs, strict=True):
+        expected = target.generate(prompt[None], max_new_tokens=24, min_new_tokens=24, do_sample=False)
+        assert torch.equal(out.sequences, expected)
