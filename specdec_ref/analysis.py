@@ -18,19 +18,17 @@ measured:
 
 This module is the one implementation of these formulas (performance chapter):
 the adaptive draft length (`schedules.ModelBasedDraftLength`) and the notebooks
-call it. Alongside: a Monte Carlo check of the closed forms, the acceptance
-rate the model implies, and predicted against measured speedups from the
-benchmark's JSON report. alpha itself is measured on a real pair by
+call it. Alongside: a Monte Carlo check of the closed forms and the acceptance
+rate the model implies; `bench.report` sets its predictions against the
+benchmark's measurements. alpha itself is measured on a real pair by
 `acceptance`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -229,134 +227,6 @@ def simulate_acceptance(alpha: float, k: int, *, num_iterations: int,
     # it passed.
     accepted = tests.long().cumprod(dim=1).sum(dim=1)  # (N,)
     return SimulationResult(accepted)
-
-
-@dataclass(frozen=True)
-class SpeedupRow:
-    """One benchmark arm: the speedup the model predicts, and the measured."""
-
-    name: str  # the arm's name in the benchmark
-    mode: str  # "greedy", "t1.0", ...
-    k: int  # drafts per iteration
-    alpha: float  # measured per-token acceptance of the arm
-    predicted_tokens: float  # (1 - alpha^(K+1)) / (1 - alpha)
-    block_efficiency: float  # measured tokens per target call (nan if absent)
-    # E[tokens] / (K * c + v(K)) (nan without v(K) or alpha)
-    predicted_speedup: float
-    # measured block efficiency / (K * c + v(K)): the cost model alone
-    cost_model_speedup: float
-    measured_speedup: float  # tokens/s of the arm / tokens/s of the baseline
-    lean: bool = False  # the draft ran through `lean.LeanForward`
-
-
-def load_benchmark(path: str | Path) -> dict:
-    """Read the JSON report written by `python -m specdec_ref.bench`."""
-    return json.loads(Path(path).read_text())
-
-
-def predicted_vs_measured(benchmark: Mapping | str | Path) -> list[SpeedupRow]:
-    """Predicted and measured speedups of the cached, fixed-K specdec_ref arms.
-
-    Uses the report's measured `verify_cost` table and the c each arm pays
-    (`arm_cost_ratio`); arms without an alpha, or whose K has no measured
-    verification cost, get a nan prediction. Two predictions separate the
-    two halves of the model: `predicted_speedup` starts from alpha,
-    `cost_model_speedup` from the tokens per target call actually measured.
-    Both count in steps of the target as the run configured it; where the
-    report's baseline is another configuration of `generate` (a faster
-    one), they are scaled by that configuration's measured ratio.
-    """
-    data = (benchmark if isinstance(benchmark, Mapping)
-            else load_benchmark(benchmark))
-    costs = {int(key): float(value)
-             for key, value in (data.get("verify_cost") or {}).items()}
-    # generate as run, over the baseline: 1 unless the baseline is a variant.
-    as_run = {arm.get("mode"): _number(arm.get("speedup"))
-              for arm in data.get("arms", [])
-              if arm.get("name") == "hf generate"}
-    rows = []
-    for arm in data.get("arms", []):
-        if (arm.get("impl") != "specdec_ref"
-                or not isinstance(arm.get("k"), int)
-                or not _is_cached_fixed_k(arm)):
-            continue
-        k = arm["k"]
-        # The model's alpha is the per-token acceptance (accepted / judged
-        # drafts); accepted / drafted undercounts it, since drafts after a
-        # rejection are never judged.
-        per_token = arm.get("alpha_per_token")
-        alpha = _number(per_token if per_token is not None
-                        else arm.get("alpha"))
-        efficiency = _number(arm.get("block_efficiency"))
-        measured = _number(arm.get("speedup"))
-        tokens = (expected_tokens(alpha, k) if not math.isnan(alpha)
-                  else float("nan"))
-        cost = (iteration_cost(k, arm_cost_ratio(data, arm), costs)
-                if k in costs else float("nan"))
-        scale = as_run.get(arm.get("mode"), 1.0)
-        rows.append(SpeedupRow(str(arm.get("name", "")),
-                               str(arm.get("mode", "")), k, alpha, tokens,
-                               efficiency, scale * tokens / cost,
-                               scale * efficiency / cost, measured,
-                               is_lean_arm(arm)))
-    return rows
-
-
-def arm_cost_ratio(benchmark: Mapping, arm: Mapping) -> float:
-    """The c an arm of a report paid: its draft's (lean or not), timed
-    right after a target pass as in the loop where the report has that.
-
-    A draft pass timed alone finds its weights in the CPU's caches; in the
-    loop the target's pass has just evicted them.
-    """
-    keys = (("lean_loop_cost_ratio", "lean_cost_ratio") if is_lean_arm(arm)
-            else ("loop_cost_ratio", "cost_ratio"))
-    found = [benchmark[key] for key in keys if benchmark.get(key) is not None]
-    return float(found[0] if found else benchmark["cost_ratio"])
-
-
-def is_lean_arm(arm: Mapping) -> bool:
-    """Whether a report's arm drafted through `lean.LeanForward`."""
-    return bool(arm.get("lean")) or str(arm.get("name", "")).endswith(" lean")
-
-
-def speedup_by_k(benchmark: Mapping | str | Path, *, mode: str,
-                 impl: str, lean: bool = False) -> dict[int, float]:
-    """{K: measured speedup} of one implementation's fixed-K cached arms.
-
-    Args:
-        benchmark: the report, or the path of its JSON file.
-        mode: the benchmark mode, e.g. "greedy" or "t1.0".
-        impl: "specdec_ref" or "transformers" (assisted generation).
-        lean: the arms whose draft ran through `lean.LeanForward` instead.
-
-    Returns:
-        The arms' speedups over the mode's baseline, sorted by K.
-    """
-    data = (benchmark if isinstance(benchmark, Mapping)
-            else load_benchmark(benchmark))
-    found = {arm["k"]: _number(arm.get("speedup"))
-             for arm in data.get("arms", [])
-             if arm.get("mode") == mode and arm.get("impl") == impl
-             and isinstance(arm.get("k"), int) and _is_cached_fixed_k(arm)
-             and is_lean_arm(arm) == lean}
-    return dict(sorted(found.items()))
-
-
-def _number(value: object) -> float:
-    """A report field as a float; None (JSON null) becomes nan."""
-    return float(value) if value is not None else float("nan")
-
-
-def _is_cached_fixed_k(arm: Mapping) -> bool:
-    """False for adaptive-schedule arms and arms run without a KV cache."""
-    for key in ("use_cache", "cache", "cached", "kv_cache"):
-        if key in arm and arm[key] is False:
-            return False
-    if str(arm.get("schedule", "fixed")).lower() not in ("fixed", "none"):
-        return False
-    name = str(arm.get("name", "")).lower().replace("-", "").replace("_", "")
-    return "nocache" not in name and "uncached" not in name
 
 
 def _check_alpha(alpha: object) -> None:

@@ -1,8 +1,7 @@
-"""The performance model: closed forms, their simulation, alpha from a pair, and the benchmark report."""
+"""The performance model: closed forms, their simulation, and alpha from a pair."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -13,15 +12,12 @@ from specdec_ref.acceptance import acceptance_beta, alpha_from_trace, measure_al
 from specdec_ref.analysis import (
     accepted_count_distribution,
     alpha_from_block_efficiency,
-    arm_cost_ratio,
     expected_acceptance_rate,
     expected_speedup,
     expected_tokens,
     iteration_cost,
     optimal_draft_length,
-    predicted_vs_measured,
     simulate_acceptance,
-    speedup_by_k,
     verify_cost_from_latency,
 )
 from specdec_ref.decoder import IterationRecord
@@ -187,60 +183,6 @@ def test_measure_alpha_of_a_mismatched_pair_lies_strictly_between_0_and_1(pair):
     assert all(b in (0.0, 1.0) for b in greedy.betas)
 
 
-def test_predicted_vs_measured_reads_cached_fixed_k_specdec_arms(tmp_path):
-    """Rows come from specdec_ref fixed-K cached arms only; predictions use the report's c and v(K)."""
-    report = {
-        "meta": {"device": "cpu"},
-        "cost_ratio": 0.2,
-        "verify_cost": {"2": 1.1, "4": 1.3},
-        "arms": [
-            {"name": "target", "impl": "specdec_ref", "mode": "greedy", "k": None, "speedup": 1.0, "alpha": None},
-            {"name": "hf-assisted", "impl": "transformers", "mode": "greedy", "k": 4, "speedup": 1.4, "alpha": 0.7},
-            {"name": "spec-k4", "impl": "specdec_ref", "mode": "greedy", "k": 4, "speedup": 1.5, "alpha": 0.7,
-             "block_efficiency": 2.7, "tokens_per_s": {"median": 10.0, "q1": 9.0, "q3": 11.0}},
-            {"name": "spec-k4-nocache", "impl": "specdec_ref", "mode": "greedy", "k": 4, "speedup": 0.9, "alpha": 0.7},
-            {"name": "spec-k2", "impl": "specdec_ref", "mode": "t1.0", "k": 2, "speedup": 1.2, "alpha": 0.5,
-             "use_cache": True},
-            {"name": "spec-k8", "impl": "specdec_ref", "mode": "t1.0", "k": 8, "speedup": 1.1, "alpha": 0.5},
-            {"name": "spec-heuristic", "impl": "specdec_ref", "mode": "t1.0", "k": 5, "schedule": "heuristic",
-             "speedup": 1.3, "alpha": 0.5},
-        ],
-    }
-    path = tmp_path / "bench.json"
-    path.write_text(json.dumps(report))
-    rows = predicted_vs_measured(path)
-    assert [(r.name, r.mode, r.k) for r in rows] == [("spec-k4", "greedy", 4), ("spec-k2", "t1.0", 2),
-                                                      ("spec-k8", "t1.0", 8)]
-    assert rows[0].predicted_speedup == pytest.approx(expected_tokens(0.7, 4) / (4 * 0.2 + 1.3))
-    assert rows[0].measured_speedup == 1.5 and rows[0].block_efficiency == 2.7
-    assert rows[0].cost_model_speedup == pytest.approx(2.7 / (4 * 0.2 + 1.3))
-    assert rows[1].predicted_speedup == pytest.approx(expected_tokens(0.5, 2) / (2 * 0.2 + 1.1))
-    assert math.isnan(rows[1].block_efficiency)
-    assert math.isnan(rows[2].predicted_speedup) and math.isnan(rows[2].cost_model_speedup)  # no measured v(8)
-    assert [r.predicted_speedup for r in predicted_vs_measured(report)][:2] == [r.predicted_speedup for r in rows][:2]
-    # The baseline is a faster variant of generate: generate as run is 0.8x of it, so the
-    # predictions (in steps of the target as run) scale by 0.8 in that mode only.
-    as_run = {"name": "hf generate", "impl": "transformers", "mode": "greedy", "k": None, "speedup": 0.8}
-    scaled = predicted_vs_measured({**report, "arms": [as_run, *report["arms"]]})
-    assert scaled[0].predicted_speedup == pytest.approx(0.8 * rows[0].predicted_speedup)
-    assert scaled[0].cost_model_speedup == pytest.approx(0.8 * rows[0].cost_model_speedup)
-    assert scaled[1].predicted_speedup == pytest.approx(rows[1].predicted_speedup)
-
-
-def test_each_arm_is_predicted_with_the_c_its_draft_paid_in_the_loop():
-    """Lean arms use the lean draft's c, and the loop's c (timed after a target pass) wins where present."""
-    arm = {"name": "specdec_ref k=2", "impl": "specdec_ref", "mode": "greedy", "k": 2, "speedup": 1.2,
-           "alpha_per_token": 0.6}
-    lean_arm = {**arm, "name": "specdec_ref k=2 lean", "lean": True}
-    report = {"cost_ratio": 0.1, "lean_cost_ratio": 0.05, "verify_cost": {"2": 1.2}, "arms": [arm, lean_arm]}
-    assert [arm_cost_ratio(report, a) for a in (arm, lean_arm)] == [0.1, 0.05]
-    looped = {**report, "loop_cost_ratio": 0.15, "lean_loop_cost_ratio": 0.08}
-    assert [arm_cost_ratio(looped, a) for a in (arm, lean_arm)] == [0.15, 0.08]
-    rows = predicted_vs_measured(looped)
-    assert [r.predicted_speedup for r in rows] == pytest.approx(
-        [expected_tokens(0.6, 2) / (2 * c + 1.2) for c in (0.15, 0.08)])
-
-
 def test_bad_arguments_raise_value_errors_naming_them():
     """alpha outside [0, 1], negative c, K < 0 and an empty range are refused by name."""
     with pytest.raises(ValueError, match="alpha"):
@@ -281,47 +223,3 @@ def test_verify_cost_from_latency_divides_by_the_one_token_pass():
         verify_cost_from_latency((1, 2), (0.1,))
     with pytest.raises(ValueError, match="> 0"):
         verify_cost_from_latency((1, 2), (0.0, 0.1))
-
-
-def test_speedup_by_k_reads_one_implementation_and_mode():
-    """Fixed-K cached arms of the asked implementation and mode, sorted by K; others left out."""
-    report = {"arms": [
-        {"name": "hf generate", "impl": "transformers", "mode": "greedy", "k": None, "speedup": 1.0},
-        {"name": "hf assisted k=4", "impl": "transformers", "mode": "greedy", "k": 4, "schedule": "fixed",
-         "use_cache": True, "speedup": 1.03},
-        {"name": "hf assisted k=2", "impl": "transformers", "mode": "greedy", "k": 2, "schedule": "fixed",
-         "use_cache": True, "speedup": 0.97},
-        {"name": "specdec_ref k=4", "impl": "specdec_ref", "mode": "greedy", "k": 4, "schedule": "fixed",
-         "use_cache": True, "speedup": 1.18},
-        {"name": "specdec_ref k=4 nocache", "impl": "specdec_ref", "mode": "greedy", "k": 4, "schedule": "fixed",
-         "use_cache": False, "speedup": 0.34},
-        {"name": "specdec_ref k=4", "impl": "specdec_ref", "mode": "t1.0", "k": 4, "schedule": "fixed",
-         "use_cache": True, "speedup": 1.14},
-        {"name": "specdec_ref model", "impl": "specdec_ref", "mode": "greedy", "k": None, "schedule": "model",
-         "use_cache": True, "speedup": 1.22},
-    ]}
-    assert speedup_by_k(report, mode="greedy", impl="transformers") == {2: 0.97, 4: 1.03}
-    assert list(speedup_by_k(report, mode="greedy", impl="transformers")) == [2, 4]
-    assert speedup_by_k(report, mode="greedy", impl="specdec_ref") == {4: 1.18}
-    assert speedup_by_k(report, mode="t1.0", impl="specdec_ref") == {4: 1.14}
-    assert speedup_by_k(report, mode="t0.7", impl="specdec_ref") == {}
-    lean = {**report, "arms": [*report["arms"], {"name": "specdec_ref k=4 lean", "impl": "specdec_ref",
-                                                 "mode": "greedy", "k": 4, "speedup": 1.3, "lean": True}]}
-    assert speedup_by_k(lean, mode="greedy", impl="specdec_ref") == {4: 1.18}
-    assert speedup_by_k(lean, mode="greedy", impl="specdec_ref", lean=True) == {4: 1.3}
-
-
-def test_committed_benchmark_report_is_readable():
-    """specdec_ref/data/bench-tiny-cpu.json gives a prediction and a measurement for every K the chapter draws."""
-    from specdec_ref.reports import report_path
-
-    path = report_path("bench-tiny-cpu.json")
-    rows = predicted_vs_measured(path)
-    report = json.loads(path.read_text())
-    for mode in ("greedy", "t1.0"):
-        for lean in (False, True):
-            ks = [r.k for r in rows if r.mode == mode and r.lean == lean]
-            assert ks == report["meta"]["k_values"]
-            assert list(speedup_by_k(path, mode=mode, impl="specdec_ref", lean=lean)) == ks
-        assert list(speedup_by_k(path, mode=mode, impl="transformers")) == ks
-    assert all(0 < r.alpha < 1 and 0 < r.predicted_speedup < 10 and r.measured_speedup > 0 for r in rows)

@@ -5,7 +5,7 @@
 * `run`: the round-robin schedule, the JSON report and its table;
 * `methods`: the article's timing protocol next to a fair one, for one comparison.
 
-The chapters read the report (`analysis.predicted_vs_measured`); besides the demo
+The chapters read the report (`bench.report.predicted_vs_measured`); besides the demo
 (`python -m specdec_ref`), only the performance chapter imports this subpackage.
 """
 

@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers import PreTrainedModel
 
-from ..analysis import arm_cost_ratio
 from ..decoder import autoregressive_generate, speculative_generate
 from ..drafting import ModelDrafter
 from ..fast import StaticForward
@@ -38,6 +37,7 @@ from ..schedules import HeuristicDraftLength, ModelBasedDraftLength
 from ..timing import time_call
 from .meter import ForwardMeter, MeteredSource
 from .pair import BenchPair, PassCosts
+from .report import arm_cost_ratio
 
 # The modes of the benchmark and the sampling settings each stands for.
 MODES = {

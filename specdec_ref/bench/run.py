@@ -17,7 +17,7 @@ the baseline of each mode, speedup 1, is the fastest of them.
 Invariant: in greedy mode every arm must reproduce the baseline's tokens on every
 prompt; the report says whether they did (`greedy_identical`) and lists any mismatch.
 The JSON report also carries the pair's measured cost ratio c and verification costs
-v(K), which `analysis.predicted_vs_measured` turns into predicted speedups.
+v(K), which `report.predicted_vs_measured` turns into predicted speedups.
 """
 
 from __future__ import annotations

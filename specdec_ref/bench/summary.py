@@ -9,9 +9,9 @@ prompt; `headline` picks each mode's fastest speculative arm and sets it against
 
 from __future__ import annotations
 
-from ..analysis import predicted_vs_measured
 from ..timing import Timing
 from .arms import Arm, RunRecord
+from .report import predicted_vs_measured
 
 BASELINE = "hf generate"
 
