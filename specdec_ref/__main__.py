@@ -1,7 +1,7 @@
 """`python -m specdec_ref`: watch speculative decoding work on a small pair, then time it.
 
-The demo loads the embedded tiny pair (or, until it exists, random-init models of its
-shapes, and says so), runs the cached `speculative_generate` on one held-out prompt and
+The demo loads the embedded tiny pair (or, with `--pair random`, random-init models of
+its shapes), runs the cached `speculative_generate` on one held-out prompt and
 prints every iteration: the K tokens the draft proposed, how many the target accepted,
 and the correction or bonus token it added (`specdec_ref.trace`); then the continuation
 with each token's origin marked. Then the counters, a check against the
@@ -51,7 +51,7 @@ def time_against_target(pair: BenchPair, prompt: torch.Tensor, *, max_new_tokens
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m specdec_ref", description=__doc__.splitlines()[0])
-    parser.add_argument("--pair", default="tiny", help="tiny (default; random-init models until it exists) or random")
+    parser.add_argument("--pair", default="tiny", help="tiny (default) or random (random-init models of its shapes)")
     parser.add_argument("--k", type=int, default=4, help="tokens drafted per iteration (default 4)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
@@ -67,8 +67,6 @@ def main(argv: list[str] | None = None) -> None:
 
     pair = load_bench_pair(args.pair, device=device)
     print(f"pair: {pair.description}")
-    if pair.note:
-        print(f"NOTE: {pair.note}")
     [prompt], source = bench_prompts(pair, 1, prompt_tokens=24, seed=args.seed)
     print(f"prompt ({source}, {prompt.size(1)} tokens): {show_tokens(prompt[0].tolist(), pair.tokenizer)}")
     print(f"speculative decoding, K = {args.k}, {sampling}, KV cache on, {args.max_new_tokens} new tokens\n")

@@ -1,7 +1,8 @@
 """Draft / target pairs by name: the embedded tiny pair, and real pairs from the hub.
 
-`load_pair(name)` returns `(draft_model, target_model, tokenizer)`, ready for
-`speculative_generate`:
+`load_pair(name)` returns a `ModelPair` (draft_model, target_model, tokenizer): a
+named tuple, so `pair.target_model` says which is which, while the decoders take
+`(target_model, draft_model, ...)`. The pair is ready for `speculative_generate`:
 
 * "tiny": the pair that ships inside this package (`pairs/tiny`, trained by
   `python -m specdec_ref.training`); loads offline, runs on a CPU;
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -61,6 +63,15 @@ PAIRS: dict[str, PairSpec] = {
     "qwen2.5": PairSpec("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-7B", note="vocabularies 151936 vs 152064"),
     "qwen2.5-1.5b": PairSpec("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B", note="fits a 16 GB GPU in float16"),
 }
+
+
+class ModelPair(NamedTuple):
+    """A loaded pair. It unpacks in this order, `draft_model, target_model, tokenizer =
+    load_pair(...)`; name the fields (`pair.target_model`) where the order could mislead."""
+
+    draft_model: PreTrainedModel  # the small model that proposes tokens
+    target_model: PreTrainedModel  # the large model whose distribution the output follows
+    tokenizer: PreTrainedTokenizerBase  # shared by both
 
 
 class PairUnavailableError(OSError):
@@ -161,11 +172,11 @@ def _finish(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> PreTr
 
 def load_pair_from_folder(
     folder: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None
-) -> tuple[PreTrainedModel, PreTrainedModel, PreTrainedTokenizerBase]:
+) -> ModelPair:
     """Load a pair saved as `folder/draft`, `folder/target` (tokenizer in `target`), offline.
 
     Returns:
-        (draft_model, target_model, tokenizer), float32 unless `dtype` says otherwise.
+        A `ModelPair` (draft_model, target_model, tokenizer), float32 unless `dtype` says otherwise.
     """
     folder = Path(folder)
     for part in ("draft", "target"):
@@ -178,7 +189,7 @@ def load_pair_from_folder(
               for part in ("draft", "target")]
     draft_model, target_model = (_finish(m, tokenizer) for m in models)
     align_vocabularies(draft_model, target_model, tokenizer)
-    return draft_model, target_model, tokenizer
+    return ModelPair(draft_model, target_model, tokenizer)
 
 
 def load_pair(
@@ -189,7 +200,7 @@ def load_pair(
     device_map: str | dict | None = None,
     local_files_only: bool = False,
     **from_pretrained_kwargs,
-) -> tuple[PreTrainedModel, PreTrainedModel, PreTrainedTokenizerBase]:
+) -> ModelPair:
     """Load a named draft / target pair and its shared tokenizer.
 
     Args:
@@ -202,7 +213,8 @@ def load_pair(
         **from_pretrained_kwargs: passed on to `from_pretrained` for hub pairs (e.g. `cache_dir`).
 
     Returns:
-        (draft_model, target_model, tokenizer), in eval mode, with equal output vocabularies.
+        A `ModelPair` (draft_model, target_model, tokenizer), in eval mode, with equal
+        output vocabularies.
 
     Raises:
         ValueError: for an unknown name.
@@ -240,4 +252,4 @@ def load_pair(
         ) from error
     draft_model, target_model = _finish(draft_model, tokenizer), _finish(target_model, tokenizer)
     align_vocabularies(draft_model, target_model, tokenizer)
-    return draft_model, target_model, tokenizer
+    return ModelPair(draft_model, target_model, tokenizer)

@@ -1,8 +1,8 @@
 """What the benchmark and the demo run on: a model pair, a prompt set, and the pair's pass costs.
 
-`load_bench_pair` returns the embedded tiny pair (`specdec_ref.models.load_pair`) or,
-with `--pair random` or while the tiny pair is not there yet, random-init Llama models
-of the same shapes, and says which in `BenchPair.description` / `BenchPair.note`.
+`load_bench_pair` returns a pair `specdec_ref.models.load_pair` knows (the embedded
+tiny pair by default) or, with `--pair random`, random-init Llama models of the tiny
+pair's shapes (or others), and says which in `BenchPair.description`.
 
 A random pair agrees with itself no better than chance, which would make every
 speculative arm look hopeless for reasons that have nothing to do with the code. So
@@ -34,6 +34,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 from ..kv_cache import CachedForward, LogitsSource
 from ..lean import LeanForward, lean_pass_seconds, lean_unsupported
 from ..measure import measure_pass_latency
+from ..models import load_pair
 from ..timing import Timing, synchronize
 from ..validation import context_length, vocab_size
 
@@ -96,7 +97,6 @@ class BenchPair:
     tokenizer: object | None  # the shared tokenizer (None for a random pair)
     name: str  # "tiny", "random", ...: the pair actually used
     description: str  # one line for the report
-    note: str | None = None  # why this is not the pair that was asked for, if it is not
 
     @property
     def device(self) -> torch.device:
@@ -131,43 +131,23 @@ def random_pair(shape: RandomPairShape = RandomPairShape(), *, device: str | tor
 
 
 def load_bench_pair(name: str = "tiny", *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                    shape: RandomPairShape = RandomPairShape(), fallback: bool = True) -> BenchPair:
+                    shape: RandomPairShape = RandomPairShape()) -> BenchPair:
     """The pair called `name` ("random", or a name `specdec_ref.models.load_pair` knows).
 
     Args:
         name: "random" builds `random_pair(shape)`; anything else goes to `load_pair`.
         device, dtype: where and in which precision the models run.
         shape: the shapes of a random pair.
-        fallback: when "tiny" cannot be loaded (module or weights missing), use a
-            random pair instead and say so in `.note`, rather than raise.
 
     Returns:
         A `BenchPair` with EOS disabled in both models' generation configs.
     """
     if name == "random":
         return random_pair(shape, device=device, dtype=dtype)
-    missing = _tiny_pair_missing() if name == "tiny" else None
-    if missing and fallback:
-        pair = random_pair(shape, device=device, dtype=dtype)
-        pair.note = f"the embedded tiny pair is not available ({missing}); using random-init models of its shapes"
-        return pair
-    models = importlib.import_module("..models", __package__)
-    draft, target, tokenizer = models.load_pair(name, device=device, dtype=dtype)
+    loaded = load_pair(name, device=device, dtype=dtype)
+    draft, target, tokenizer = loaded.draft_model, loaded.target_model, loaded.tokenizer
     sizes = f"{_count(target) / 1e6:.1f}M and {_count(draft) / 1e6:.1f}M parameters"
     return _prepared(BenchPair(target.eval(), draft.eval(), tokenizer, name, f"the {name} pair ({sizes})"))
-
-
-def _tiny_pair_missing() -> str | None:
-    """Why the embedded tiny pair cannot be loaded (None when it can)."""
-    try:
-        models = importlib.import_module("..models", __package__)
-    except ImportError as error:
-        return f"specdec_ref.models cannot be imported: {error}"
-    folder = models.TINY_DIR
-    for part in ("draft", "target"):
-        if not (folder / part / "config.json").is_file():
-            return f"{folder / part / 'config.json'} does not exist yet"
-    return None
 
 
 def _count(model: PreTrainedModel) -> int:

@@ -168,7 +168,7 @@ def run_benchmark(config: BenchConfig) -> dict:
     report = {
         "meta": {
             "pair": pair.name, "requested_pair": config.pair, "pair_description": pair.description,
-            "pair_note": pair.note, "device": str(device),
+            "device": str(device),
             "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
                             else platform.processor() or platform.machine()),
             "dtype": config.dtype, "linear": linear,

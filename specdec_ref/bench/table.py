@@ -11,7 +11,7 @@ def format_table(report: dict) -> str:
     """The report as a plain-text table, one block per mode."""
     meta = report["meta"]
     lines = [f"pair: {meta['pair_description']}"]
-    if meta["pair_note"]:
+    if meta.get("pair_note"):  # reports written before the tiny pair always shipped
         lines.append(f"NOTE: {meta['pair_note']}")
     verify = " ".join(f"{k}:{v:.2f}" for k, v in report["verify_cost"].items())
     lines += [
