@@ -155,3 +155,14 @@ def test_false_alarm_rate_of_an_exact_decoder_over_200_seeds(pair):
                 for seed in range(FALSE_ALARMS["seeds"])]
     assert sum(p < 1e-3 for p in p_values) <= 2  # 0.2 expected
     assert sum(p < 0.05 for p in p_values) <= 20  # 10 expected at most
+
+
+def test_an_implementation_is_audited_against_its_own_law():
+    """A sampler with top-k 3 fails against plain T = 1 and passes against its own law, given as a callable."""
+    model = Bigram(16, seed=3)
+    top3 = SamplingConfig(top_k=3)
+    kwargs = {"max_new_tokens": 12, "num_runs": 20, "generator": torch.Generator().manual_seed(0)}
+    assert not audit_every_token(bigram_sampler(model, 12, top3), model, PROMPT, sampling=WARM, **kwargs).passed
+    own = audit_every_token(bigram_sampler(model, 12, top3), model, PROMPT,
+                            sampling=lambda logits: logits_to_probs(logits, top3), **kwargs)
+    assert own.passed, own.summary()
