@@ -32,7 +32,7 @@ Tokens the target cannot emit (p = 0, after an EOS, beyond `max_new_tokens`) and
 runs that stop early without an EOS count as `impossible`, and fail the audit.
 
 Recommended size: num_runs >= 32 and at least 2,000 tokens, e.g. 32 runs of 64
-tokens (about a minute on the tiny pair on one CPU thread); the pooled test then
+tokens (about 20 s on the tiny pair on one idle CPU thread); the pooled test then
 catches a TV of about 0.07. At that size it flags, on a random 64-token pair
 (tests/test_audit_tokens.py, p < 1e-4 each): a residual drawn from p instead of
 max(0, p - q); p tempered (T = 0.5) while the rule is given q at T = 1; the bonus
