@@ -32,10 +32,13 @@ from dataclasses import dataclass
 
 import torch
 
+from .validation import check_integer
+
 # How a verification cost v(K) may be given: None (v = 1), a callable
 # K -> v(K), a mapping {K: v(K)} (keys int or str, as in the benchmark JSON)
 # or a sequence indexed by K.
 VerifyCost = Callable[[int], float] | Mapping | Sequence[float] | None
+
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -44,7 +47,7 @@ def expected_tokens(alpha: float, k: int) -> float:
     This is the block efficiency the model predicts: tokens per target pass.
     """
     _check_alpha(alpha)
-    _check_k("k", k, minimum=0)
+    check_integer("k", k, minimum=0)
     if 1 - alpha < 1e-6:
         # Near alpha = 1 the closed form divides two tiny numbers; the finite
         # sum is exact (K + 1 at 1).
@@ -60,14 +63,14 @@ def expected_acceptance_rate(alpha: float, k: int) -> float:
     draft). Drafts after the first rejection count as drafted but are never
     judged, so this ratio falls as K grows while alpha stays the same.
     """
-    _check_k("k", k, minimum=1)
+    check_integer("k", k, minimum=1)
     return (expected_tokens(alpha, k) - 1) / k
 
 
 def accepted_count_distribution(alpha: float, k: int) -> list[float]:
     """P(N = n) for n = 0..K drafts accepted: alpha^n (1 - alpha), alpha^K."""
     _check_alpha(alpha)
-    _check_k("k", k, minimum=0)
+    check_integer("k", k, minimum=0)
     return [alpha**n * (1 - alpha) for n in range(k)] + [alpha**k]
 
 
@@ -131,7 +134,7 @@ def verify_cost_from_latency(num_tokens: Sequence[int],
 def iteration_cost(k: int, cost_ratio: float,
                    verify_cost: VerifyCost = None) -> float:
     """Time of one iteration in target decoding steps: K * c + v(K)."""
-    _check_k("k", k, minimum=0)
+    check_integer("k", k, minimum=0)
     _check_cost_ratio(cost_ratio)
     return k * cost_ratio + as_verify_cost(verify_cost)(k)
 
@@ -158,8 +161,8 @@ def optimal_draft_length(alpha: float, cost_ratio: float, *, max_k: int,
 
     Ties go to the smallest such K.
     """
-    _check_k("min_k", min_k, minimum=1)
-    _check_k("max_k", max_k, minimum=min_k)
+    check_integer("min_k", min_k, minimum=1)
+    check_integer("max_k", max_k, minimum=min_k)
     cost = as_verify_cost(verify_cost)
     speedups = {k: expected_speedup(alpha, k, cost_ratio, cost)
                 for k in range(min_k, max_k + 1)}
@@ -175,7 +178,7 @@ def alpha_from_block_efficiency(block_efficiency: float, k: int) -> float:
         ValueError: unless 1 <= block_efficiency <= K + 1, the range E[tokens]
             can take.
     """
-    _check_k("k", k, minimum=1)
+    check_integer("k", k, minimum=1)
     if not 1 <= block_efficiency <= k + 1:
         raise ValueError(f"block_efficiency must lie in [1, K + 1] = "
                          f"[1, {k + 1}], got {block_efficiency!r}")
@@ -219,8 +222,8 @@ def simulate_acceptance(alpha: float, k: int, *, num_iterations: int,
                         generator: torch.Generator) -> SimulationResult:
     """Draw iterations: K Bernoulli(alpha) tests, stopped at a rejection."""
     _check_alpha(alpha)
-    _check_k("k", k, minimum=0)
-    _check_k("num_iterations", num_iterations, minimum=1)
+    check_integer("k", k, minimum=0)
+    check_integer("num_iterations", num_iterations, minimum=1)
     uniforms = torch.rand(num_iterations, k, generator=generator)
     tests = uniforms < alpha  # (N, K)
     # The accepted prefix: a draft counts only if it and every draft before
@@ -242,8 +245,3 @@ def _check_cost_ratio(cost_ratio: object) -> None:
         raise ValueError(f"cost_ratio must be a number >= 0, "
                          f"got {cost_ratio!r}")
 
-
-def _check_k(name: str, value: object, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, "
-                         f"got {value!r}")

@@ -11,7 +11,7 @@ What is kept from the article, each on purpose (line numbers refer to its file):
 1. Erratum 1, zero residual (lines 130-140): after a rejection it subtracts the
    target's own softmax from itself, p - p = 0, finds no mass and falls back to
    sampling from p. The emitted token then follows min(p, q) + (1 - beta) p,
-   not p (`_article_correction`).
+   not p (`article_correction`).
 2. Erratum 2, scalar q (line 75): drafting keeps only q(x) of the drafted token,
    so the residual max(0, p - q) cannot be formed at all (`article_draft`).
 3. Erratum 3, overshoot (lines 179-191): every iteration drafts K tokens whatever
@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from .validation import model_device
+from .sampling import draw_device
+from .validation import check_integer, model_device
 
 
 @dataclass
@@ -77,8 +78,7 @@ def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """One multinomial draw, on the generator's device, like the article's."""
-    device = generator.device if generator is not None else probs.device
-    return int(torch.multinomial(probs.to(device), 1, generator=generator))
+    return int(torch.multinomial(probs.to(draw_device(generator)), 1, generator=generator))
 
 
 @torch.no_grad()
@@ -115,7 +115,7 @@ def article_draft(
     return tokens, scalars
 
 
-def _article_correction(
+def article_correction(
     target_probs: torch.Tensor, target_logits: torch.Tensor, temperature: float,
     generator: torch.Generator | None,
 ) -> int:
@@ -157,19 +157,15 @@ def article_verify(
     for i, token in enumerate(drafted):
         p = _probs(logits[n - 1 + i], temperature)  # (V,)
         ratio = min(1.0, float(p[token]) / draft_scalars[i])
-        u = float(torch.rand(1, generator=generator, device=_rng_device(generator)))
+        u = float(torch.rand(1, generator=generator, device=draw_device(generator)))
         if u < ratio:
             emitted.append(token)
             continue
-        emitted.append(_article_correction(p, logits[n - 1 + i], temperature, generator))
+        emitted.append(article_correction(p, logits[n - 1 + i], temperature, generator))
         return emitted
     # Every draft accepted: the bonus token from p_K.
     emitted.append(_draw(_probs(logits[n - 1 + len(drafted)], temperature), generator))
     return emitted
-
-
-def _rng_device(generator: torch.Generator | None) -> torch.device:
-    return generator.device if generator is not None else torch.device("cpu")
 
 
 @torch.no_grad()
@@ -234,10 +230,8 @@ def _check(input_ids, max_new_tokens, num_draft_tokens, temperature, generator) 
                          f"{tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else input_ids!r}")
     if input_ids.size(1) == 0:
         raise ValueError("input_ids is empty: the prompt must have at least one token")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-    if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
-        raise ValueError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}")
+    check_integer("max_new_tokens", max_new_tokens, minimum=0)
+    check_integer("num_draft_tokens", num_draft_tokens, minimum=1)
     if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
             or not math.isfinite(temperature) or temperature <= 0):
         raise ValueError(f"temperature must be a finite number > 0 (the article samples), got {temperature!r}")

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from .laws import GenerateFn, Law, decoder_law, law_tv, small_random_pair, target_law, transformers_assisted
+from .validation import check_integer
 
 # The exact laws moved to `specdec_ref.laws`; their names stay importable from here.
 random_pair = small_random_pair
@@ -47,7 +48,7 @@ __all__ = ["AuditResult", "GenerateCrashed", "Law", "audit", "compare_counts", "
            "law_tv", "random_pair", "sample_emissions", "small_random_pair", "target_law", "transformers_assisted"]
 
 
-def _chi2_sf(x: float, df: int) -> float:
+def chi2_sf(x: float, df: int) -> float:
     """P(X > x) for X ~ chi-square with `df` degrees of freedom."""
     if x <= 0:
         return 1.0
@@ -58,11 +59,11 @@ def _chi2_sf(x: float, df: int) -> float:
 def _chi2_critical(level: float, df: int) -> float:
     """The x with P(X > x) = level, by bisection."""
     low, high = 0.0, float(df)
-    while _chi2_sf(high, df) > level:
+    while chi2_sf(high, df) > level:
         high *= 2
     for _ in range(200):
         mid = (low + high) / 2
-        low, high = (mid, high) if _chi2_sf(mid, df) > level else (low, mid)
+        low, high = (mid, high) if chi2_sf(mid, df) > level else (low, mid)
     return high
 
 
@@ -73,7 +74,7 @@ def _noncentral_power(critical: float, df: int, noncentrality: float) -> float:
     while weight_sum < 1 - 1e-12 and j < 100_000:
         # Poisson(half) weight of the j-th term, in logs for large `half`.
         weight = math.exp(-half + j * math.log(half) - math.lgamma(j + 1)) if half > 0 else float(j == 0)
-        total += weight * _chi2_sf(critical, df + 2 * j)
+        total += weight * chi2_sf(critical, df + 2 * j)
         weight_sum += weight
         j += 1
     return total
@@ -182,7 +183,7 @@ def call_generate(generate: GenerateFn, input_ids: torch.Tensor, generator: torc
         raise GenerateCrashed(str(error)) from error
 
 
-def _as_sequences(result: object) -> torch.Tensor:
+def as_sequences(result: object) -> torch.Tensor:
     """The (1, n + new) ids of a generate-like result: a tensor or `.sequences`."""
     sequences = getattr(result, "sequences", result)
     if not isinstance(sequences, torch.Tensor) or sequences.dim() != 2:
@@ -209,14 +210,13 @@ def sample_emissions(generate: GenerateFn, input_ids: torch.Tensor, *, num_sampl
     Raises:
         GenerateCrashed: if a call raised or emitted fewer than `num_tokens` tokens.
     """
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
-        raise ValueError(f"num_tokens must be an integer >= 1, got {num_tokens!r}")
+    check_integer("num_tokens", num_tokens, minimum=1)
     if not callable(generate):
         raise TypeError(f"generate must be callable (input_ids, generator) -> sequences, got {generate!r}")
     n = input_ids.size(1)
     counts: dict[tuple[int, ...], int] = {}
     for _ in range(num_samples):
-        new = _as_sequences(call_generate(generate, input_ids, generator))[0, n:]
+        new = as_sequences(call_generate(generate, input_ids, generator))[0, n:]
         if new.numel() < num_tokens:
             raise GenerateCrashed(f"generate emitted {new.numel()} tokens, fewer than num_tokens = {num_tokens}")
         outcome = tuple(new[:num_tokens].tolist())
@@ -272,7 +272,7 @@ def compare_counts(counts: Mapping[tuple[int, ...], int], law: Mapping[tuple[int
     observed = torch.tensor([count for _, _, count in cells], dtype=torch.float64)  # (k,)
     statistic = float(((observed - n * expected) ** 2 / (n * expected)).sum())
     k = len(cells)
-    p_value = _chi2_sf(statistic, k - 1)
+    p_value = chi2_sf(statistic, k - 1)
     # Bretagnolle-Huber-Carol: P(||empirical - law||_1 >= e) <= 2^k exp(-n e^2 / 2).
     noise = 0.5 * math.sqrt(2 * (k * math.log(2) + math.log(1 / level)) / n)
     # TV over the cells, the impossible samples forming one more cell of law 0.
@@ -324,8 +324,7 @@ def audit(
             num_tokens = 1 without `first_token_speculative`, or another
             argument is out of range (named in the message).
     """
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
+    check_integer("num_samples", num_samples, minimum=1)
     if num_tokens == 1 and not first_token_speculative:
         raise ValueError("num_tokens = 1 audits only the first token, which many decoders sample from a plain "
                          "target pass (the prefill), so the rule is never seen: audit num_tokens >= 2 tokens "

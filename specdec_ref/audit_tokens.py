@@ -49,8 +49,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from .audit import AuditResult, GenerateCrashed, _as_sequences, _chi2_sf, call_generate, compare_counts, crashed
+from .audit import AuditResult, GenerateCrashed, as_sequences, call_generate, chi2_sf, compare_counts, crashed
 from .laws import GenerateFn, Reference, reference_probs
+from .validation import check_integer
 
 # False alarms measured on an exact decoder: `speculative_generate` (K = 2) on
 # small_random_pair(64, seed=4, init_range=0.2), 32 runs of 64 tokens, seeds 1000-1199
@@ -135,7 +136,7 @@ def _p_value(u: torch.Tensor) -> float:
     counts, law = _bins(u)
     n, k = u.numel(), len(law)
     statistic = sum((counts.get(b, 0) - n / k) ** 2 / (n / k) for b in law)
-    return _chi2_sf(statistic, k - 1)
+    return chi2_sf(statistic, k - 1)
 
 
 def _ks_p_value(u: torch.Tensor) -> float:
@@ -181,8 +182,7 @@ def audit_every_token(generate: GenerateFn, target_model: PreTrainedModel, input
         ValueError: for an argument out of range, named in the message.
     """
     for name, value in (("max_new_tokens", max_new_tokens), ("num_runs", num_runs)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        check_integer(name, value, minimum=1)
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level!r}")
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.size(0) != 1:
@@ -196,11 +196,11 @@ def audit_every_token(generate: GenerateFn, target_model: PreTrainedModel, input
             result = call_generate(generate, input_ids, generator)
         except GenerateCrashed as error:
             return crashed(error, num_samples=sum(u.numel() for u in u_runs), level=level, power=power)
-        sequence = _as_sequences(result)[:, : n + max_new_tokens]  # (1, n + T)
+        sequence = as_sequences(result)[:, : n + max_new_tokens]  # (1, n + T)
         new = sequence[0, n:].tolist()
         # 2. What the target alone could not emit: past an EOS, past the budget, or too few.
         stop = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
-        impossible += len(new) - stop + max(0, _as_sequences(result).size(1) - n - max_new_tokens)
+        impossible += len(new) - stop + max(0, as_sequences(result).size(1) - n - max_new_tokens)
         impossible += int(stop < max_new_tokens and not (new and new[stop - 1] in eos))
         if stop == 0:
             continue

@@ -29,7 +29,8 @@ Invariant: each row's output is distributed exactly as `autoregressive_generate`
 the target model and the same `SamplingConfig` would give it. With temperature 0 it is
 the target's greedy output token for token, whatever the other rows are: in float32 up
 to rounding that practically never flips an argmax; in bfloat16 bitwise when the target
-runs `rowwise` attention (grouped eager or row by row) over prepacked layers, which
+runs batch-invariant attention (`fast.batch_invariant`: grouped eager or row by row)
+over prepacked layers, which
 compute each row of a padded batch as that row alone. With sdpa attention in bfloat16 a
 row's rounding depends on the padding the other rows bring, and a near-tie can flip.
 
@@ -44,12 +45,11 @@ does not.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from .decoder import GenerationOutput, GenerationStats, IterationRecord, cut_after_eos
+from .kv_cache import forward_keywords, sliding_layers
 from .rejection import accept_reject_rows
 from .sampling import SamplingConfig, logits_to_probs, sample
 from .validation import as_integer, check_generation_args, eos_set, model_device, vocab_size
@@ -69,15 +69,12 @@ class BatchedForward:
         self.use_cache = use_cache
         self.forward_calls = 0
         self.cache = DynamicCache(config=model.config) if use_cache else None
-        if use_cache and any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):
+        if use_cache and sliding_layers(self.cache):
             raise ValueError(
                 f"{type(model).__name__} uses sliding-window attention, which the batched cache "
                 "layout does not support; pass use_cache=False or use speculative_generate"
             )
-        parameters = inspect.signature(model.forward).parameters
-        # transformers >= 5.24 names the argument `cache`; older releases `past_key_values`.
-        self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"
-        self._logits_to_keep = "logits_to_keep" in parameters
+        self._cache_kwarg, self._logits_to_keep = forward_keywords(model)
         self.width = 0  # C: columns in the cache
         self.start = [0] * batch_size  # column of each row's first cached token
         self.seen = [0] * batch_size  # tokens of each row held in the cache
@@ -300,11 +297,7 @@ def batched_speculative_generate(
             record = IterationRecord(drafted[row, :kb].tolist(), emitted, num_accepted)
             traces[b].append(record)
             s = stats[b]
-            s.iterations += 1
-            s.drafted_tokens += kb
-            s.accepted_tokens += num_accepted
-            s.judged_tokens += record.num_judged
-            s.new_tokens += len(emitted)
+            s.count_block(record)
             s.target_calls += 1
             s.draft_calls += k_max
             # 4. Roll back to the prefix and the accepted drafts; the last token stays unseen.

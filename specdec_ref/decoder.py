@@ -66,6 +66,21 @@ class GenerationStats:
         """Block efficiency: new tokens per target forward pass."""
         return self.new_tokens / self.target_calls if self.target_calls else float("nan")
 
+    def count_block(self, record: IterationRecord) -> None:
+        """Count one finished draft-verify block: the drafts it proposed, accepted and
+        judged, and the tokens it emitted."""
+        self.iterations += 1
+        self.drafted_tokens += len(record.drafted)
+        self.accepted_tokens += record.num_accepted
+        self.judged_tokens += record.num_judged
+        self.new_tokens += len(record.emitted)
+
+    def __iadd__(self, other: GenerationStats) -> GenerationStats:
+        """Add another call's counters to these (totals over several generations)."""
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        return self
+
 
 @dataclass
 class IterationRecord:
@@ -286,11 +301,7 @@ def speculative_generate(
         cut = len(record.emitted) == record.num_accepted
         schedule.update(record.num_accepted if cut else drafted,
                         record.num_accepted)
-        stats.iterations += 1
-        stats.drafted_tokens += drafted
-        stats.accepted_tokens += record.num_accepted
-        stats.judged_tokens += record.num_judged
-        stats.new_tokens += len(record.emitted)
+        stats.count_block(record)
         trace.append(record)
         if hit_eos:
             break

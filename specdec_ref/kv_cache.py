@@ -56,9 +56,20 @@ class LogitsSource(Protocol):
     def rollback(self, length: int) -> None: ...
 
 
-def _accepts_keyword(model: PreTrainedModel, name: str) -> bool:
-    """Whether the model's forward takes `name` as a named parameter."""
-    return name in inspect.signature(model.forward).parameters
+def forward_keywords(model: PreTrainedModel) -> tuple[str, bool]:
+    """How `model.forward` takes a cache, and whether it takes `logits_to_keep`.
+
+    transformers >= 5.24 names the cache argument `cache`, older releases
+    `past_key_values`; the one place the package reads the signature.
+    """
+    parameters = inspect.signature(model.forward).parameters
+    return ("cache" if "cache" in parameters else "past_key_values"), "logits_to_keep" in parameters
+
+
+def uses_sliding_window(config: object) -> bool:
+    """Whether a model config gives some layers a sliding attention window."""
+    return bool(getattr(config, "use_sliding_window", False)) or any(
+        kind != "full_attention" for kind in getattr(config, "layer_types", None) or [])
 
 
 class FullForward:
@@ -67,7 +78,7 @@ class FullForward:
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
         self.forward_calls = 0
-        self._logits_to_keep = _accepts_keyword(model, "logits_to_keep")
+        _, self._logits_to_keep = forward_keywords(model)
 
     @torch.no_grad()
     def last_logits(self, sequence: torch.Tensor, num_positions: int) -> torch.Tensor:
@@ -88,11 +99,7 @@ class CachedForward:
         self.model = model
         self.forward_calls = 0
         self.cache = rollback_cache(model)
-        # transformers >= 5.24 names the argument `cache`; older releases
-        # `past_key_values`.
-        self._cache_kwarg = ("cache" if _accepts_keyword(model, "cache")
-                             else "past_key_values")
-        self._logits_to_keep = _accepts_keyword(model, "logits_to_keep")
+        self._cache_kwarg, self._logits_to_keep = forward_keywords(model)
 
     @property
     def cached_length(self) -> int:
@@ -147,7 +154,7 @@ class CachedForward:
                     f"({type(self.cache).__name__} with layers {layers}) "
                     "cannot be rolled back; pass use_cache=False"
                 )
-            for layer in _sliding_layers(self.cache):
+            for layer in sliding_layers(self.cache):
                 # A sliding layer holds its last window plus the keys fed
                 # since the last rollback; keys older than that are gone and
                 # cannot be brought back.
@@ -166,11 +173,11 @@ class CachedForward:
             # Nothing to forget, but sliding layers still hold the keys of the
             # last pass beyond their window: crop(0) trims them (a no-op on
             # full-attention layers).
-            for layer in _sliding_layers(self.cache):
+            for layer in sliding_layers(self.cache):
                 layer.crop(0)
 
 
-def _sliding_layers(cache: DynamicCache) -> list:
+def sliding_layers(cache: DynamicCache) -> list:
     """The cache's sliding-window layers (none for a full-attention model)."""
     return [layer for layer in getattr(cache, "layers", []) if getattr(layer, "is_sliding", False)]
 
@@ -187,7 +194,7 @@ def rollback_cache(model: PreTrainedModel) -> DynamicCache:
             release cannot record their past (use `use_cache=False` there).
     """
     cache = DynamicCache(config=model.config)
-    sliding = _sliding_layers(cache)
+    sliding = sliding_layers(cache)
     recording = all(hasattr(layer, "activate_past_recording") for layer in sliding)
     if sliding and not (recording and sliding_rollback_supported()):
         raise ValueError(

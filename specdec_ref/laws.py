@@ -32,6 +32,7 @@ from transformers import PreTrainedModel
 
 from .rejection import residual_distribution
 from .sampling import SamplingConfig, logits_to_probs
+from .validation import check_integer
 
 Law = dict[tuple[int, ...], float]  # emitted tokens -> probability
 # The distribution "exact" refers to: a SamplingConfig, or logits (B, V) -> probs (B, V).
@@ -119,8 +120,7 @@ def _next_probs(model: PreTrainedModel, sequences: torch.Tensor, sampling: Refer
 def _check_enumeration(input_ids: torch.Tensor, num_tokens: int, vocab: int, max_outcomes: int) -> None:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.size(0) != 1:
         raise ValueError("input_ids must be a tensor of shape (1, n)")
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
-        raise ValueError(f"num_tokens must be an integer >= 1, got {num_tokens!r}")
+    check_integer("num_tokens", num_tokens, minimum=1)
     if vocab ** num_tokens > max_outcomes:
         raise ValueError(f"num_tokens = {num_tokens} over a vocabulary of {vocab} gives {vocab} ** {num_tokens} "
                          f"outcomes, more than max_outcomes = {max_outcomes}: use fewer tokens")
@@ -181,8 +181,7 @@ def decoder_law(target_model: PreTrainedModel, draft_model: PreTrainedModel, inp
     """
     if rule not in ("exact", "article"):
         raise ValueError(f"rule must be 'exact' or 'article', got {rule!r}")
-    if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
-        raise ValueError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}")
+    check_integer("num_draft_tokens", num_draft_tokens, minimum=1)
     if sampling.greedy:
         raise ValueError("sampling must have temperature > 0: a greedy decoder has no law to enumerate")
     vocab = target_model.get_output_embeddings().weight.size(0)
@@ -262,8 +261,7 @@ def small_random_pair(vocab_size: int = 8, *, seed: int = 0, width: int = 32, in
     """
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
-        raise ValueError(f"vocab_size must be an integer >= 2, got {vocab_size!r}")
+    check_integer("vocab_size", vocab_size, minimum=2)
     models = []
     for layers, offset in ((2, 0), (1, 1)):
         torch.manual_seed(seed * 2 + offset)

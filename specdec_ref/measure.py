@@ -27,7 +27,7 @@ from transformers import PreTrainedModel
 from .kv_cache import CachedForward
 from .memory import kv_cache_bytes
 from .timing import Timing, time_call
-from .validation import context_length, model_device, vocab_size
+from .validation import check_integer, context_length, model_device, vocab_size
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def measure_bandwidth(*, num_bytes: int = 2**28,
     Returns:
         A `BandwidthMeasurement`; `.bytes_per_s` is the achieved bandwidth.
     """
-    _check_int("num_bytes", num_bytes, minimum=4)
+    check_integer("num_bytes", num_bytes, minimum=4)
     # Two float32 buffers; zeros_like touches dst once, so no page faults
     # are timed.
     src = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
@@ -88,7 +88,7 @@ class MatmulMeasurement:
 def measure_matmul(*, size: int = 1024, dtype: torch.dtype = torch.float32,
                    device: torch.device | str | None = None, repeats: int = 10, warmup: int = 2) -> MatmulMeasurement:
     """Time a square matrix product of side `size` in `dtype` on `device`."""
-    _check_int("size", size, minimum=1)
+    check_integer("size", size, minimum=1)
     generator = torch.Generator().manual_seed(0)
     a = torch.randn(size, size, generator=generator).to(device=device, dtype=dtype)  # (n, n)
     b = torch.randn(size, size, generator=generator).to(device=device, dtype=dtype)  # (n, n)
@@ -143,11 +143,11 @@ def measure_pass_latency(model: PreTrainedModel, *, context: int,
     Returns:
         A `LatencyCurve`.
     """
-    _check_int("context", context, minimum=1)
+    check_integer("context", context, minimum=1)
     if not num_tokens:
         raise ValueError("num_tokens must name at least one pass size")
     for m in num_tokens:
-        _check_int("num_tokens entries", m, minimum=1)
+        check_integer("num_tokens entries", m, minimum=1)
     limit = context_length(model)
     if limit is not None and context + max(num_tokens) > limit:
         raise ValueError(f"context ({context}) + max(num_tokens) ({max(num_tokens)}) exceeds the model's "
@@ -240,7 +240,3 @@ def decode_bandwidth(model: PreTrainedModel, *, context: int, peak_bytes_per_s: 
     moved = streamed_weight_bytes(model) + kv_cache_bytes(model.config, context, dtype)
     return DecodeBandwidth(float(moved), curve.timings[0].median, float(peak_bytes_per_s))
 
-
-def _check_int(name: str, value: object, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PretrainedConfig
 
+from .validation import check_integer
+
 # Bytes per stored number, by the names readers meet in papers and model cards.
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2,
@@ -40,6 +42,7 @@ GPT2_SIZES: dict[str, tuple[int, int, int]] = {
     "gpt2-large": (36, 1280, 20),
     "gpt2-xl": (48, 1600, 25),
 }
+
 
 
 def bytes_per_element(dtype: torch.dtype | str) -> float:
@@ -208,7 +211,7 @@ def weight_bytes(model: PretrainedConfig | int, dtype: torch.dtype | str) -> flo
 
 def kv_cache_bytes(config: PretrainedConfig, context: int, dtype: torch.dtype | str) -> float:
     """Bytes of the keys and values cached for `context` tokens (batch size 1)."""
-    _check_count("context", context, minimum=0)
+    check_integer("context", context, minimum=0)
     s = model_shape(config)
     # Every layer stores one key and one value vector per key/value head per token.
     return 2 * s.num_layers * s.num_kv_heads * s.head_dim * context * bytes_per_element(dtype)
@@ -246,7 +249,7 @@ def step_bytes(config: PretrainedConfig, *, context: int,
     Returns:
         A `StepTraffic`: weights, cache read, cache written (bytes).
     """
-    _check_count("num_tokens", num_tokens, minimum=1)
+    check_integer("num_tokens", num_tokens, minimum=1)
     # Every weight matrix is read once, however many tokens the pass holds.
     weights = streamed_parameters(config) * bytes_per_element(dtype)
     # Attention reads the keys and values of the whole context ...
@@ -268,8 +271,8 @@ def step_flops(config: PretrainedConfig, *, context: int,
     Returns:
         FLOPs of the matrix products with the weights plus attention.
     """
-    _check_count("context", context, minimum=0)
-    _check_count("num_tokens", num_tokens, minimum=1)
+    check_integer("context", context, minimum=0)
+    check_integer("num_tokens", num_tokens, minimum=1)
     s = model_shape(config)
     # A multiply and an add per streamed weight, for each of the m tokens.
     matmuls = 2 * streamed_parameters(config) * num_tokens
@@ -306,10 +309,6 @@ def roofline_time(flops: float, num_bytes: float, *, peak_flops: float, bandwidt
     _check_positive("bandwidth", bandwidth)
     return max(flops / peak_flops, num_bytes / bandwidth)
 
-
-def _check_count(name: str, value: object, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 def _check_positive(name: str, value: object) -> None:

@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from .sampling import sample
+from .sampling import draw_device, sample
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -129,7 +129,7 @@ def accept_reject(
         n = next((i for i in range(k) if drafts[i] != target_choice[i]), k)
         return drafts[:n] + [target_choice[n]]
     # Work in float64 on the generator's device: the comparisons are tiny.
-    device = generator.device if generator is not None else torch.device("cpu")
+    device = draw_device(generator)
     rows = torch.arange(k, device=draft_probs.device)
     tokens = draft_tokens.to(draft_probs.device)
     px = target_probs[:k][rows, tokens]  # (K,) p_i(x_i)
@@ -191,7 +191,7 @@ def accept_reject_rows(
     else:
         # Accept x_i iff u_i * q_i(x_i) < p_i(x_i), in float64 on the generator's
         # device, with the strict "<" of accept_reject.
-        where = generator.device if generator is not None else torch.device("cpu")
+        where = draw_device(generator)
         px = target_probs[:, :k].gather(-1, drafted[..., None]).squeeze(-1)  # (B, K)
         qx = draft_probs.gather(-1, drafted[..., None]).squeeze(-1)  # (B, K)
         u = torch.rand(batch, k, dtype=torch.float64, device=where, generator=generator)  # (B, K)
@@ -225,7 +225,7 @@ def accept_reject_article(
     that it is."""
     _check_inputs(draft_tokens, draft_probs, target_probs)
     k = draft_tokens.numel()
-    device = generator.device if generator is not None else torch.device("cpu")
+    device = draw_device(generator)
     for i in range(k):
         x = int(draft_tokens[i])
         u = torch.rand((), dtype=torch.float64, device=device,

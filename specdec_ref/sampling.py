@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .validation import check_integer
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -35,10 +37,7 @@ class SamplingConfig:
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0 (0 means greedy), got {t!r}")
-        if self.top_k is not None and (
-            isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1
-        ):
-            raise ValueError(f"top_k must be None or an integer >= 1, got {self.top_k!r}")
+        check_integer("top_k", self.top_k, minimum=1, optional=True)
         if self.top_p is not None and (
             isinstance(self.top_p, bool)
             or not isinstance(self.top_p, (int, float))
@@ -117,6 +116,13 @@ def logits_to_probs(
     return scores.softmax(-1)
 
 
+def draw_device(generator: torch.Generator | None) -> torch.device:
+    """Where random numbers are drawn: on the generator's device; without one, on the
+    CPU (torch's default generator). The one rule for every draw in the package, so a
+    seeded CPU generator gives the same draws whether the models run on a CPU or a GPU."""
+    return generator.device if generator is not None else torch.device("cpu")
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Draw one token per row of `probs` (..., V) -> (...,), using only `generator`.
 
@@ -125,7 +131,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     Sampling happens on the generator's device, so a CPU generator gives the same
     draws whether the model runs on a CPU or a GPU.
     """
-    device = generator.device if generator is not None else probs.device
+    device = draw_device(generator)
     cumulative = probs.to(device, torch.float64).cumsum(-1)  # (..., V)
     total = cumulative[..., -1:]  # (..., 1)
     u = torch.rand(total.shape, dtype=torch.float64, device=device, generator=generator)  # (..., 1)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .analysis import VerifyCost, optimal_draft_length
-from .validation import as_integer, check_draft_length
+from .validation import as_integer, check_draft_length, check_integer
 
 
 class DraftLengthSchedule(Protocol):
@@ -47,7 +47,7 @@ class FixedDraftLength:
     k: int  # tokens drafted per iteration
 
     def __post_init__(self) -> None:
-        _check_positive("k", self.k)
+        check_integer("k", self.k, minimum=1)
 
     def next_k(self) -> int:
         return self.k
@@ -72,7 +72,7 @@ class HeuristicDraftLength:
 
     def __post_init__(self) -> None:
         for name in ("k", "min_k", "max_k"):
-            _check_positive(name, getattr(self, name))
+            check_integer(name, getattr(self, name), minimum=1)
         if not self.min_k <= self.k <= self.max_k:
             raise ValueError(f"need min_k <= k <= max_k, got {self.min_k}, {self.k}, {self.max_k}")
 
@@ -110,8 +110,8 @@ class ModelBasedDraftLength:
     accepted: float = 0.0  # accepted drafts, decayed by `memory`
 
     def __post_init__(self) -> None:
-        _check_positive("min_k", self.min_k)
-        _check_positive("max_k", self.max_k)
+        check_integer("min_k", self.min_k, minimum=1)
+        check_integer("max_k", self.max_k, minimum=1)
         if self.min_k > self.max_k:
             raise ValueError(f"need min_k <= max_k, got {self.min_k} > {self.max_k}")
         if not self.cost_ratio >= 0:
@@ -136,10 +136,6 @@ class ModelBasedDraftLength:
         self.judged = self.memory * self.judged + num_accepted + (num_accepted < num_drafted)
         self.accepted = self.memory * self.accepted + num_accepted
 
-
-def _check_positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 def as_schedule(num_draft_tokens: int | DraftLengthSchedule) -> DraftLengthSchedule:

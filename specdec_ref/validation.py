@@ -11,8 +11,6 @@ import operator
 import torch
 from transformers import PreTrainedModel
 
-from .sampling import SamplingConfig
-
 
 def vocab_size(model: PreTrainedModel) -> int:
     """Number of logits the model produces per position (its output vocabulary)."""
@@ -46,6 +44,24 @@ def as_integer(value: object) -> int | None:
         return operator.index(value)
     except TypeError:
         return None
+
+
+def check_integer(name: str, value: object, *, minimum: int, maximum: int | None = None,
+                  optional: bool = False) -> int | None:
+    """`value` as a Python int, if it is integer-like (`as_integer`: int, numpy integer,
+    one-element integer tensor; not bool) and within [minimum, maximum]; None for None
+    when `optional`. The one rule for every integer argument of the package.
+
+    Raises:
+        ValueError: naming `name`, the allowed range and the value received.
+    """
+    if optional and value is None:
+        return None
+    number = as_integer(value)
+    if number is None or number < minimum or (maximum is not None and number > maximum):
+        allowed = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"{name} must be {'None or ' if optional else ''}an integer {allowed}, got {value!r}")
+    return number
 
 
 def eos_set(eos_token_id: object) -> set[int]:
@@ -140,7 +156,7 @@ def check_generation_args(
     models: dict[str, PreTrainedModel],
     input_ids: torch.Tensor,
     max_new_tokens: int,
-    sampling: SamplingConfig,
+    sampling: object,
     generator: torch.Generator | None,
     num_draft_tokens: object = 1,
 ) -> None:
@@ -159,8 +175,7 @@ def check_generation_args(
         raise ValueError(f"input_ids must hold one sequence (batch size 1), got batch size {input_ids.size(0)}")
     if input_ids.size(1) == 0:
         raise ValueError("input_ids is empty: the prompt must have at least one token")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    check_integer("max_new_tokens", max_new_tokens, minimum=0)
     if not (hasattr(num_draft_tokens, "next_k") and hasattr(num_draft_tokens, "update")):
         k = as_integer(num_draft_tokens)
         if k is None or k < 1:
@@ -168,7 +183,9 @@ def check_generation_args(
                 f"num_draft_tokens must be an integer >= 1 or a schedule (with next_k and update), "
                 f"got {num_draft_tokens!r}"
             )
-    if not isinstance(sampling, SamplingConfig):
+    # Checked by what it offers rather than by class: `sampling` builds on this module
+    # (its own fields are checked with `check_integer`), so this module cannot import it.
+    if not all(hasattr(sampling, name) for name in ("greedy", "temperature", "top_k", "top_p")):
         raise TypeError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")

@@ -275,9 +275,9 @@ def test_bfloat16_padded_batches_are_row_invariant_with_rowwise_attention(attent
     """bfloat16, prepacked, grouped eager or row-by-row attention: a padded batch's logits are,
     row by row, bitwise what the row alone gives, so batched greedy is `generate`'s output
     for every row whatever the other rows are (12 prompts of different lengths)."""
+    from specdec_ref.fast.batch_invariant import use_rowwise_attention
+    from specdec_ref.fast.packed import pack_linear_layers, packing_unsupported
     from specdec_ref.kv_cache import CachedForward
-    from specdec_ref.packed import pack_linear_layers, packing_unsupported
-    from specdec_ref.rowwise import use_rowwise_attention
 
     if packing_unsupported(torch.nn.Linear(2, 2)) is not None:
         pytest.skip("this torch build cannot prepack linear layers")

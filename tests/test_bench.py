@@ -11,7 +11,7 @@ from conftest import torch_threads
 
 from specdec_ref.bench.arms import Arm, RunRecord
 from specdec_ref.bench.run import BASELINES, format_table, greedy_mismatches, main
-from specdec_ref.packed import packing_unsupported
+from specdec_ref.fast.packed import packing_unsupported
 
 MODES = ("greedy", "t1.0", "t0.7")
 K_VALUES = (1, 3)
@@ -315,7 +315,7 @@ def test_scale_command_writes_the_sweep(tmp_path, capsys):
 def test_scale_command_prepacks_every_model_when_asked(tmp_path, monkeypatch):
     """`--linear packed`: the draft, the pair's target and every random target run prepacked."""
     from specdec_ref.bench import scale
-    from specdec_ref.packed import is_packed
+    from specdec_ref.fast.packed import is_packed
 
     timed = []
     measure = scale.measure_size

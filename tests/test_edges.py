@@ -350,7 +350,7 @@ def test_a_drafter_missing_part_of_the_protocol_is_refused_by_name(missing):
 def test_a_model_drafter_over_a_logits_source_gets_the_models_checks():
     """ModelDrafter(LeanForward(draft)) with another vocabulary: the same ValueError as the bare model."""
     from specdec_ref.drafting import ModelDrafter
-    from specdec_ref.lean import LeanForward
+    from specdec_ref.fast.lean import LeanForward
 
     target = make_model("llama", layers=1, seed=1)
     draft = make_model("llama", layers=1, vocab=80, seed=2)
@@ -361,7 +361,7 @@ def test_a_model_drafter_over_a_logits_source_gets_the_models_checks():
 
 def test_lean_forward_and_prompt_lookup_name_their_bad_inputs():
     """A 1-D sequence to LeanForward.last_logits, a negative id to PromptLookupDrafter.draft."""
-    from specdec_ref.lean import LeanForward
+    from specdec_ref.fast.lean import LeanForward
     from specdec_ref.lookup import PromptLookupDrafter
 
     lean = LeanForward(make_model("llama", layers=1, seed=1))
@@ -369,3 +369,26 @@ def test_lean_forward_and_prompt_lookup_name_their_bad_inputs():
         lean.last_logits(torch.tensor([3, 4, 5, 6]), 1)
     with pytest.raises(ValueError, match=r"input_ids holds token -2, outside \[0, 6\)"):
         PromptLookupDrafter().draft(torch.tensor([[1, -2, 3, 1]]), 3, vocab_size=6)
+
+
+def test_one_rule_for_integer_arguments():
+    """`validation.check_integer` takes ints, numpy integers and one-element integer tensors,
+    refuses booleans, floats and values out of range by name, and every entry point uses it:
+    a numpy integer is accepted wherever an int is."""
+    import numpy as np
+
+    from specdec_ref import SamplingConfig
+    from specdec_ref.analysis import expected_tokens
+    from specdec_ref.validation import check_integer
+
+    assert check_integer("k", np.int64(3), minimum=1) == 3 and check_integer("k", torch.tensor(2), minimum=1) == 2
+    assert check_integer("top_k", None, minimum=1, optional=True) is None
+    for bad, match in ((True, "k must be an integer >= 1, got True"), (2.0, "got 2.0"), (0, "got 0")):
+        with pytest.raises(ValueError, match=match):
+            check_integer("k", bad, minimum=1)
+    with pytest.raises(ValueError, match=r"max_length must be an integer in \[1, 8\], got 9"):
+        check_integer("max_length", 9, minimum=1, maximum=8)
+    with pytest.raises(ValueError, match="top_k must be None or an integer >= 1, got 0"):
+        SamplingConfig(top_k=0)
+    assert SamplingConfig(top_k=np.int32(5)).top_k == 5
+    assert expected_tokens(0.5, np.int64(2)) == pytest.approx(1.75)

@@ -16,8 +16,8 @@ from specdec_ref import SamplingConfig
 from specdec_ref.decoder import speculative_step
 from specdec_ref.drafting import ModelDrafter
 from specdec_ref.fast import StaticForward, static_unsupported
+from specdec_ref.fast.packed import pack_linear_layers, packing_unsupported
 from specdec_ref.kv_cache import CachedForward, FullForward
-from specdec_ref.packed import pack_linear_layers, packing_unsupported
 
 GREEDY = SamplingConfig(temperature=0.0)
 BUILDS = {

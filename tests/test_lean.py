@@ -7,9 +7,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specdec_ref import SamplingConfig, autoregressive_generate, speculative_generate
 from specdec_ref.drafting import ModelDrafter
+from specdec_ref.fast.lean import LeanForward
+from specdec_ref.fast.packed import PackedLinear, pack_linear_layers, packing_unsupported
 from specdec_ref.kv_cache import CachedForward
-from specdec_ref.lean import LeanForward
-from specdec_ref.packed import PackedLinear, pack_linear_layers, packing_unsupported
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -101,7 +101,7 @@ def test_rope_tables_that_follow_the_sequence_length_are_refused(rope):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from specdec_ref.fast import static_unsupported
-    from specdec_ref.lean import lean_unsupported
+    from specdec_ref.fast.lean import lean_unsupported
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=48, hidden_size=64, intermediate_size=128, num_hidden_layers=1,

@@ -12,10 +12,9 @@ from conftest import chi_square_pvalue, exact_joint_law, make_model, noisy_copy,
 from specdec_ref import SamplingConfig, speculative_generate
 from specdec_ref.bench.run import BenchConfig
 from specdec_ref.drafting import ModelDrafter
-from specdec_ref.kv_cache import CachedForward
-from specdec_ref.lean import LeanForward
-from specdec_ref.models import load_pair
-from specdec_ref.packed import (
+from specdec_ref.fast.batch_invariant import use_rowwise_attention
+from specdec_ref.fast.lean import LeanForward
+from specdec_ref.fast.packed import (
     PackedLinear,
     WatchedParameter,
     is_packed,
@@ -25,7 +24,8 @@ from specdec_ref.packed import (
     set_packing,
     unpack_linear_layers,
 )
-from specdec_ref.rowwise import use_rowwise_attention
+from specdec_ref.kv_cache import CachedForward
+from specdec_ref.models import load_pair
 from specdec_ref.training.corpus import held_out_prompts
 
 GREEDY = SamplingConfig(temperature=0.0)

@@ -30,11 +30,12 @@ from transformers import PreTrainedModel
 from ..decoder import autoregressive_generate, speculative_generate
 from ..drafting import ModelDrafter
 from ..fast import StaticForward
-from ..lean import LeanForward
-from ..packed import set_packing
+from ..fast.lean import LeanForward
+from ..fast.packed import set_packing
 from ..sampling import SamplingConfig
 from ..schedules import HeuristicDraftLength, ModelBasedDraftLength
 from ..timing import time_call
+from ..validation import check_integer
 from .meter import ForwardMeter, MeteredSource
 from .pair import BenchPair, PassCosts
 from .report import arm_cost_ratio
@@ -104,8 +105,10 @@ def build_arms(modes: list[str], k_values: list[int], *, nocache_k: int = 4, mod
     unknown = [mode for mode in modes if mode not in MODES]
     if unknown or not modes:
         raise ValueError(f"modes must be a non-empty subset of {sorted(MODES)}, got {modes!r}")
-    if not k_values or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in k_values):
+    if not k_values:
         raise ValueError(f"k_values must be a non-empty list of integers >= 1, got {k_values!r}")
+    for k in k_values:
+        check_integer("each of k_values", k, minimum=1)
     arms = []
     for mode in modes:
         arms.append(Arm("hf generate", "transformers", mode, None, True, None))

@@ -31,12 +31,12 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
+from ..fast.lean import LeanForward, lean_pass_seconds, lean_unsupported
 from ..kv_cache import CachedForward, LogitsSource
-from ..lean import LeanForward, lean_pass_seconds, lean_unsupported
 from ..measure import measure_pass_latency
 from ..models import load_pair
 from ..timing import Timing, synchronize
-from ..validation import context_length, vocab_size
+from ..validation import check_integer, context_length, vocab_size
 
 # Prompts for a pair with a tokenizer when `specdec_ref.training.corpus` cannot provide held-out ones.
 FALLBACK_PROMPTS = (
@@ -67,8 +67,7 @@ class RandomPairShape:
     def __post_init__(self) -> None:
         for name in ("target_layers", "draft_layers", "width", "vocab", "positions"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            check_integer(name, value, minimum=1)
         if self.draft_layers > self.target_layers:
             raise ValueError(f"draft_layers ({self.draft_layers}) must be <= target_layers ({self.target_layers})")
         if self.width % 32:

@@ -36,8 +36,9 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from ..packed import pack_linear_layers, packing_unsupported
-from ..rowwise import GROUPED, ROWWISE
+from ..fast.batch_invariant import GROUPED, ROWWISE
+from ..fast.packed import pack_linear_layers, packing_unsupported
+from ..validation import check_integer
 from .arms import VARIANTS, Arm, ArmRunner, RunRecord, assisted_defaults, build_arms
 from .fast import compiled_generate_error, fast_section, fast_unsupported, gpt2_shapes_pair, measure_fast_costs
 from .pair import RANDOM_SHAPES, RandomPairShape, bench_prompts, load_bench_pair, measure_costs
@@ -80,8 +81,7 @@ class BenchConfig:
     def __post_init__(self) -> None:
         for name in ("max_new_tokens", "repeats", "num_prompts", "prompt_tokens", "nocache_k", "cost_repeats"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            check_integer(name, value, minimum=1)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.threads is not None and self.threads < 1:
@@ -237,7 +237,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path | None]
                              "(default auto: packed on a CPU that supports it)")
     parser.add_argument("--attention", choices=ATTENTIONS,
                         help=f"both models' attention implementation (default: as loaded, sdpa); {ROWWISE} "
-                             f"and {GROUPED} (`specdec_ref.rowwise`) keep each row of a K + 1-token pass "
+                             f"and {GROUPED} (`specdec_ref.fast.batch_invariant`) keep each row of a K + 1-token pass "
                              "bitwise equal to a one-token step's, so greedy stays exact in bfloat16")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="a short run: few prompts, tokens and K values")

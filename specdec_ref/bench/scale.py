@@ -28,8 +28,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from ..analysis import verify_cost_from_latency
+from ..fast.packed import pack_linear_layers
 from ..measure import measure_pass_latency
-from ..packed import pack_linear_layers
 from ..validation import vocab_size
 
 # (layers, width) of the targets: on a CPU small ones (a quick run takes seconds); on a

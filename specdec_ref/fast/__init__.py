@@ -1,9 +1,19 @@
-"""The fast path: a static KV cache whose passes a GPU captures as CUDA graphs.
+"""The performance kernels: the same arithmetic as the models, in less time.
+
+No chapter module imports them; chapter 6 and the benchmark do. Each changes only
+how long a pass takes, never what it computes (their tests compare logits and
+greedy tokens with the plain models'):
 
 * `blocks`: a GPT-2 or Llama-style model cut into embed / blocks / head, so a pass
   can be run with an attention over a cache this package owns;
 * `static`: `StaticForward`, a `kv_cache.LogitsSource` over a preallocated cache
-  (rollback moves a length) that replays one CUDA graph per pass size on a GPU.
+  (rollback moves a length) that replays one CUDA graph per pass size on a GPU;
+* `packed`: linear layers prepacked by oneDNN, so that on a CPU a pass over K + 1
+  tokens costs about one step;
+* `batch_invariant`: attention whose every row is bitwise a one-token step's, so
+  greedy stays exact in bfloat16;
+* `lean`: `LeanForward`, a Llama-style draft's cached pass without the framework's
+  per-call work.
 
 Use it as any logits source: the target directly, the draft through a drafter,
 

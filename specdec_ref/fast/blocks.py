@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
+from ..kv_cache import uses_sliding_window
+
 # attend(q (H, m, d), k (H_kv, m, d), v (H_kv, m, d)) -> (m, H * d): attention of the m
 # new tokens over the cached ones and themselves; the caller owns the cache.
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -64,8 +66,7 @@ def static_unsupported(model: PreTrainedModel) -> str | None:
         return "the model is in training mode (call .eval() first)"
     if getattr(config, "add_cross_attention", False):
         return "the model has cross-attention layers"
-    if getattr(config, "use_sliding_window", False) or any(
-            kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
+    if uses_sliding_window(config):
         return "some layers use sliding-window attention"
     if config.model_type != "gpt2":
         return length_dependent_rope(model)

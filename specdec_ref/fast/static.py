@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from ..validation import model_device
+from ..validation import check_integer, model_device
 from .blocks import model_blocks
 
 # Without max_length: the model's own limit, but never more than this many positions
@@ -75,11 +75,9 @@ class StaticForward:
         device = model_device(model)
         limit = _position_limit(model)
         length = min(limit, DEFAULT_MAX_LENGTH) if max_length is None else max_length
-        if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= limit:
-            raise ValueError(f"max_length must be an integer in [1, {limit}] (the model's position limit), "
-                             f"got {max_length!r}")
-        if isinstance(max_graph_tokens, bool) or not isinstance(max_graph_tokens, int) or max_graph_tokens < 1:
-            raise ValueError(f"max_graph_tokens must be an integer >= 1, got {max_graph_tokens!r}")
+        # max_length may not pass the model's position limit.
+        length = check_integer("max_length", length, minimum=1, maximum=limit)
+        max_graph_tokens = check_integer("max_graph_tokens", max_graph_tokens, minimum=1)
         graphs = device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
         if graphs and device.type != "cuda":
             raise RuntimeError(f"cuda_graphs=True needs the model on a CUDA device, it is on {device}")

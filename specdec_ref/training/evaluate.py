@@ -25,7 +25,7 @@ from transformers import PreTrainedModel
 
 from ..acceptance import measure_alpha
 from ..decoder import GenerationStats, autoregressive_generate, speculative_generate
-from ..lean import lean_pass_seconds
+from ..fast.lean import lean_pass_seconds
 from ..measure import measure_pass_latency
 from ..models import load_pair_from_folder
 from ..sampling import SamplingConfig
@@ -81,8 +81,7 @@ def evaluate_tiny(out: Path, held_out_ids: torch.Tensor, config: TrainConfig) ->
         for prompt in prompts:
             result = speculative_generate(target, draft, prompt, max_new_tokens=config.new_tokens,
                                           num_draft_tokens=4, sampling=sampling, generator=generator)
-            for name in ("new_tokens", "drafted_tokens", "accepted_tokens", "judged_tokens", "target_calls"):
-                setattr(total, name, getattr(total, name) + getattr(result.stats, name))
+            total += result.stats
             if sampling.greedy:
                 baseline = autoregressive_generate(target, prompt, max_new_tokens=config.new_tokens, sampling=sampling)
                 matches += int(torch.equal(baseline.sequences, result.sequences))
@@ -186,7 +185,7 @@ Latencies on this machine ({lat["cpu"]}, {lat["threads"]} thread, batch 1, KV ca
 {lat["prefix_tokens"]}-token prefix, median of 5 interleaved rounds of 20 calls): draft
 {lat["draft_1_token"]:.3f} ms and target {lat["target_1_token"]:.3f} ms per token, target
 {lat["target_5_tokens"]:.3f} ms for a 5-token verification pass; cost ratio c = {lat["cost_ratio_c"]:.3f}.
-The draft's pass through `specdec_ref.lean.LeanForward` (the same weights without the framework's
+The draft's pass through `specdec_ref.fast.lean.LeanForward` (the same weights without the framework's
 per-call work) takes {lat["draft_1_token_lean"]:.3f} ms: c = {lat["cost_ratio_c_lean"]:.3f}.
 
 ## Samples

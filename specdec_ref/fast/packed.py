@@ -37,7 +37,7 @@ Invariant: a packed model computes the same function up to float rounding (logit
 within 1e-5 of the unpacked model's in float32 on the tests' models; greedy output
 identical), and each row of a packed layer's output is bitwise what that row alone
 gives, so a pass over several tokens stays batch-invariant in bfloat16 when its
-attention is too (`rowwise`; `tests/test_packed.py`, `tests/test_rowwise.py`). Only the speed of a
+attention is too (`batch_invariant`; `tests/test_packed.py`, `tests/test_batch_invariant.py`). Only the speed of a
 pass changes, so every decoder in this package, and `transformers`' own `generate`,
 runs a packed model unchanged.
 """
@@ -47,6 +47,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..validation import check_integer
 
 # Dtypes that oneDNN prepacks for a linear layer on a CPU.
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
@@ -161,8 +163,7 @@ def pack_linear_layers(model: nn.Module, rows: int = 8) -> int:
     Raises:
         ValueError: if `rows` is not an integer >= 1 or the model cannot be packed.
     """
-    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-        raise ValueError(f"rows must be an integer >= 1, got {rows!r}")
+    check_integer("rows", rows, minimum=1)
     reason = packing_unsupported(model)
     if reason is not None:
         raise ValueError(f"cannot pack {type(model).__name__}: {reason}")
@@ -170,7 +171,11 @@ def pack_linear_layers(model: nn.Module, rows: int = 8) -> int:
 
 
 def unpack_linear_layers(model: nn.Module) -> int:
-    """Undo `pack_linear_layers`: plain `nn.Linear` layers on the same weights; returns how many."""
+    """Undo `pack_linear_layers`: plain `nn.Linear` layers on the same weights; returns how many.
+
+    Kept for users who want the plain model back (and for the tests, which check that a
+    packed model round-trips); nothing in the package calls it (`set_packing` switches
+    packed layers off in place instead)."""
 
     def plain(layer: PackedLinear) -> nn.Linear:
         linear = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None,
@@ -201,7 +206,8 @@ def repack(model: nn.Module) -> int:
 
 
 def is_packed(model: nn.Module) -> bool:
-    """Whether any layer of `model` is a `PackedLinear`."""
+    """Whether any layer of `model` is a `PackedLinear` (the tests' check that a run packed
+    what it said it would; the package itself never needs to ask)."""
     return any(isinstance(module, PackedLinear) for module in model.modules())
 
 

@@ -25,7 +25,7 @@ copies of the keys and values for every query head (`repeat_kv`), and no float m
 built for the model on every pass. On the book's CPU a one-token step with it costs
 about what one with sdpa attention costs, and less than one with eager attention; the
 benchmark's bfloat16 arms run with it. Its invariance is measured, not constructed:
-`tests/test_rowwise.py` checks it bitwise on the machine that runs the tests.
+`tests/test_batch_invariant.py` checks it bitwise on the machine that runs the tests.
 
 Use: `use_rowwise_attention(model)` (or `use_rowwise_attention(model, GROUPED)`), or
 `--attention rowwise_sdpa` / `grouped_eager` in the benchmark. Both are registered with

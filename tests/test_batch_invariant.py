@@ -8,9 +8,15 @@ import torch
 from conftest import make_model, torch_threads
 
 from specdec_ref import SamplingConfig, speculative_generate
+from specdec_ref.fast.batch_invariant import (
+    GROUPED,
+    ROWWISE,
+    grouped_attention,
+    rowwise_attention,
+    use_rowwise_attention,
+)
+from specdec_ref.fast.packed import pack_linear_layers, packing_unsupported
 from specdec_ref.kv_cache import CachedForward
-from specdec_ref.packed import pack_linear_layers, packing_unsupported
-from specdec_ref.rowwise import GROUPED, ROWWISE, grouped_attention, rowwise_attention, use_rowwise_attention
 
 GREEDY = SamplingConfig(temperature=0.0)
 CAN_PACK = packing_unsupported(torch.nn.Linear(2, 2)) is None
@@ -129,7 +135,7 @@ def test_a_window_longer_than_the_sequence_keeps_the_batch_invariant_path(attent
     warning that says so. Either way the tokens are sdpa's."""
     from transformers import MistralConfig, MistralForCausalLM
 
-    from specdec_ref import rowwise
+    from specdec_ref.fast import batch_invariant as rowwise
 
     calls = []
     fallback = rowwise.sdpa_attention_forward

@@ -40,9 +40,10 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from .fast.blocks import length_dependent_rope
-from .timing import time_call
-from .validation import model_device, vocab_size
+from ..kv_cache import uses_sliding_window
+from ..timing import time_call
+from ..validation import check_integer, model_device, vocab_size
+from .blocks import length_dependent_rope
 
 # Model types whose decoder block is exactly: RMSNorm, rotary attention (optional
 # q/k/v biases), RMSNorm, SwiGLU MLP.
@@ -58,8 +59,7 @@ def lean_unsupported(model: PreTrainedModel) -> str | None:
         return f"hidden_act {config.hidden_act!r} is not 'silu'"
     if getattr(config, "mlp_bias", False):
         return "the MLP has biases"
-    if getattr(config, "use_sliding_window", False) or any(
-            kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
+    if uses_sliding_window(config):
         return "some layers use sliding-window attention"
     return length_dependent_rope(model)  # the rotary table is computed once, as in `fast`
 
@@ -94,8 +94,7 @@ class LeanForward:
             raise ValueError(f"LeanForward cannot run {type(model).__name__}: {reason}; use CachedForward")
         config = model.config
         positions = config.max_position_embeddings if max_length is None else max_length
-        if isinstance(positions, bool) or not isinstance(positions, int) or positions < 1:
-            raise ValueError(f"max_length must be an integer >= 1, got {max_length!r}")
+        positions = check_integer("max_length", positions, minimum=1)
         self.model = model
         self.forward_calls = 0
         self.length = 0  # tokens whose keys and values are in the buffers
