@@ -326,10 +326,12 @@ def audit(
     """
     check_integer("num_samples", num_samples, minimum=1)
     if num_tokens == 1 and not first_token_speculative:
-        raise ValueError("num_tokens = 1 audits only the first token, which many decoders sample from a plain "
-                         "target pass (the prefill), so the rule is never seen: audit num_tokens >= 2 tokens "
-                         "(more than K), or pass first_token_speculative=True if generate's first token is "
-                         "drafted and judged")
+        raise ValueError(
+            "num_tokens = 1 audits only the first token, which many decoders "
+            "sample from a plain target pass (the prefill), so the rule is "
+            "never seen: audit num_tokens >= 2 tokens (more than K), or pass "
+            "first_token_speculative=True if generate's first token is "
+            "drafted and judged")
     lengths = {len(outcome) for outcome in law}
     if lengths != {num_tokens}:
         raise ValueError(f"law's outcomes must all have num_tokens = "

@@ -52,7 +52,7 @@ from .decoder import GenerationOutput, GenerationStats, IterationRecord, cut_aft
 from .kv_cache import forward_keywords, sliding_layers
 from .rejection import accept_reject_rows
 from .sampling import SamplingConfig, logits_to_probs, sample
-from .validation import as_integer, check_generation_args, eos_set, model_device, vocab_size
+from .validation import as_integer, check_generation_args, check_prompts, eos_set, model_device
 
 PAD_TOKEN = 0  # the id under padding columns; the attention mask hides it, so any valid id works
 
@@ -164,40 +164,6 @@ class BatchedForward:
             self.cache.batch_select_indices(index)
         self.start = [self.start[b] for b in rows]
         self.seen = [self.seen[b] for b in rows]
-
-
-def check_prompts(prompts: object, model: PreTrainedModel | None = None) -> None:
-    """Raise a ValueError / TypeError naming `prompts[i]` for any malformed prompt.
-
-    Without `model`, only the structure is checked (a non-empty list of non-empty
-    1-D integer tensors); with it, also the device and the token ids' range.
-    """
-    if not isinstance(prompts, (list, tuple)):
-        raise TypeError(f"prompts must be a list of 1-D integer tensors, got {type(prompts).__name__}")
-    if not prompts:
-        raise ValueError("prompts is empty: pass at least one prompt")
-    for i, prompt in enumerate(prompts):
-        if not isinstance(prompt, torch.Tensor) or prompt.dtype not in (torch.long, torch.int):
-            kind = f"a tensor of dtype {prompt.dtype}" if isinstance(prompt, torch.Tensor) else type(prompt).__name__
-            raise TypeError(f"prompts[{i}] must be a 1-D integer torch.Tensor, got {kind}")
-        if prompt.dim() != 1:
-            raise ValueError(f"prompts[{i}] must have shape (n,), got shape {tuple(prompt.shape)}")
-        if prompt.numel() == 0:
-            raise ValueError(f"prompts[{i}] is empty: every prompt must have at least one token")
-    if model is None:
-        return
-    vocab, device = vocab_size(model), model_device(model)
-    for i, prompt in enumerate(prompts):
-        if prompt.device != device:
-            raise ValueError(f"prompts[{i}] is on {prompt.device} but the models are on {device}")
-    # One range check over all ids, then the first offending prompt and position.
-    ids = torch.cat(list(prompts))
-    bad = ((ids < 0) | (ids >= vocab)).nonzero()
-    if bad.numel():
-        index, ends = int(bad[0, 0]), torch.tensor([len(p) for p in prompts]).cumsum(0).tolist()
-        i = next(i for i, end in enumerate(ends) if index < end)
-        raise ValueError(f"prompts[{i}] must hold token ids in [0, {vocab}), got {int(ids[index])} at position "
-                         f"{index - (ends[i - 1] if i else 0)}")
 
 
 def _judged(logits: torch.Tensor, ks: list[int]) -> torch.Tensor:

@@ -271,7 +271,8 @@ def speculative_generate(
     inner = getattr(getattr(draft_model, "source", None), "model", None)
     if not given_drafter:
         models["draft_model"] = draft_model
-    elif isinstance(draft_model, ModelDrafter) and isinstance(inner, PreTrainedModel):
+    elif (isinstance(draft_model, ModelDrafter)
+          and isinstance(inner, PreTrainedModel)):
         models["draft_model"] = inner
     check_generation_args(models, input_ids, max_new_tokens, sampling,
                           generator, num_draft_tokens)

@@ -223,3 +223,37 @@ def check_generation_args(
             f"input_ids must hold token ids in [0, {vocab}), got {int(input_ids[0, position])} at position "
             f"{position}" + (f" ({outside.size(0)} ids out of range)" if outside.size(0) > 1 else "")
         )
+
+
+def check_prompts(prompts: object, model: PreTrainedModel | None = None) -> None:
+    """Raise a ValueError / TypeError naming `prompts[i]` for any malformed prompt.
+
+    Without `model`, only the structure is checked (a non-empty list of non-empty
+    1-D integer tensors); with it, also the device and the token ids' range.
+    """
+    if not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts must be a list of 1-D integer tensors, got {type(prompts).__name__}")
+    if not prompts:
+        raise ValueError("prompts is empty: pass at least one prompt")
+    for i, prompt in enumerate(prompts):
+        if not isinstance(prompt, torch.Tensor) or prompt.dtype not in (torch.long, torch.int):
+            kind = f"a tensor of dtype {prompt.dtype}" if isinstance(prompt, torch.Tensor) else type(prompt).__name__
+            raise TypeError(f"prompts[{i}] must be a 1-D integer torch.Tensor, got {kind}")
+        if prompt.dim() != 1:
+            raise ValueError(f"prompts[{i}] must have shape (n,), got shape {tuple(prompt.shape)}")
+        if prompt.numel() == 0:
+            raise ValueError(f"prompts[{i}] is empty: every prompt must have at least one token")
+    if model is None:
+        return
+    vocab, device = vocab_size(model), model_device(model)
+    for i, prompt in enumerate(prompts):
+        if prompt.device != device:
+            raise ValueError(f"prompts[{i}] is on {prompt.device} but the models are on {device}")
+    # One range check over all ids, then the first offending prompt and position.
+    ids = torch.cat(list(prompts))
+    bad = ((ids < 0) | (ids >= vocab)).nonzero()
+    if bad.numel():
+        index, ends = int(bad[0, 0]), torch.tensor([len(p) for p in prompts]).cumsum(0).tolist()
+        i = next(i for i, end in enumerate(ends) if index < end)
+        raise ValueError(f"prompts[{i}] must hold token ids in [0, {vocab}), got {int(ids[index])} at position "
+                         f"{index - (ends[i - 1] if i else 0)}")

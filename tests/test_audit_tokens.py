@@ -1,5 +1,6 @@
 """The every-token audit passes exact decoders, flags the bugs of popular repositories, and keeps its level."""
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -146,6 +147,8 @@ def test_false_alarms_stay_near_the_level():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("SPECDEC_FULL"), reason="200 audits take 10-20 minutes on 2 cores: "
+                    "SPECDEC_FULL=1 runs them (the measured rate is audit_tokens.FALSE_ALARMS)")
 def test_false_alarm_rate_of_an_exact_decoder_over_200_seeds(pair):
     """speculative_generate on the random pair, 200 seeds at the recommended size: the measured rate."""
     target, draft = pair

@@ -56,33 +56,38 @@ def _as_report(benchmark: Mapping | str | Path) -> Mapping:
 def predicted_vs_measured(benchmark: Mapping | str | Path) -> list[SpeedupRow]:
     """Predicted and measured speedups of the cached, fixed-K specdec_ref arms.
 
-    Uses the measured verification costs v(K) of the arm's path and the c the arm
-    paid (`arm_cost_ratio`); arms without an alpha, or whose K has no measured
-    verification cost, get a nan prediction. Two predictions separate the two
-    halves of the model: `predicted_speedup` starts from alpha,
-    `cost_model_speedup` from the tokens per target call actually measured.
+    Uses the measured v(K) of the arm's path and the c the arm paid
+    (`arm_cost_ratio`); arms without an alpha, or whose K has no measured
+    verification cost, get a nan prediction. Two predictions separate the
+    two halves of the model: `predicted_speedup` starts from alpha,
+    `cost_model_speedup` from the tokens per target call measured.
     """
     data = _as_report(benchmark)
-    # The target alone on each path, over the baseline: 1 unless the baseline is
-    # another configuration.
+    # The target alone on each path, over the baseline: 1 unless the
+    # baseline is another configuration.
     as_run = {(arm["mode"], fast): _number(arm.get("speedup"))
-              for arm in data["arms"] for fast, name in TARGET_ALONE.items() if arm["name"] == name}
+              for arm in data["arms"]
+              for fast, name in TARGET_ALONE.items() if arm["name"] == name}
     rows = []
     for arm in data["arms"]:
         if arm["impl"] != "specdec_ref" or not _is_cached_fixed_k(arm):
             continue
         k, fast = arm["k"], bool(arm.get("fast"))
         costs = arm_verify_cost(data, arm)
-        # The model's alpha is the per-token acceptance (accepted / judged drafts);
-        # accepted / drafted undercounts it, since drafts after a rejection are never judged.
+        # The model's alpha is the per-token acceptance (accepted / judged
+        # drafts); accepted / drafted undercounts it, since drafts after a
+        # rejection are never judged.
         alpha = _number(arm.get("alpha_per_token"))
         efficiency = _number(arm.get("block_efficiency"))
-        tokens = expected_tokens(alpha, k) if not math.isnan(alpha) else float("nan")
-        cost = iteration_cost(k, arm_cost_ratio(data, arm), costs) if k in costs else float("nan")
+        tokens = (expected_tokens(alpha, k) if not math.isnan(alpha)
+                  else float("nan"))
+        cost = (iteration_cost(k, arm_cost_ratio(data, arm), costs)
+                if k in costs else float("nan"))
         scale = as_run.get((arm["mode"], fast), 1.0)
-        rows.append(SpeedupRow(arm["name"], arm["mode"], k, alpha, tokens, efficiency, scale * tokens / cost,
-                               scale * efficiency / cost, _number(arm.get("speedup")), bool(arm.get("lean")),
-                               fast))
+        rows.append(SpeedupRow(
+            arm["name"], arm["mode"], k, alpha, tokens, efficiency,
+            scale * tokens / cost, scale * efficiency / cost,
+            _number(arm.get("speedup")), bool(arm.get("lean")), fast))
     return rows
 
 

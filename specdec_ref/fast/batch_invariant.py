@@ -81,7 +81,8 @@ def rowwise_attention(
                                       attention_mask, scaling=scaling,
                                       dropout=dropout, **kwargs)
     if len(starts) > 1:  # a padded batch: each row alone, over its own keys
-        return _row_by_row(rowwise_attention, module, query, key, value, starts, scaling)
+        return _row_by_row(rowwise_attention, module, query, key, value,
+                           starts, scaling)
     heads, m, length = query.size(1), query.size(2), key.size(2)
     grouped = key.size(1) != heads  # grouped-query attention
     rows = []
@@ -118,7 +119,8 @@ def grouped_attention(
                                       attention_mask, scaling=scaling,
                                       dropout=dropout, **kwargs)
     if len(starts) > 1:  # a padded batch: each row alone, over its own keys
-        return _row_by_row(grouped_attention, module, query, key, value, starts, scaling)
+        return _row_by_row(grouped_attention, module, query, key, value,
+                           starts, scaling)
     _, heads, m, dim = query.shape
     kv_heads, length = key.size(1), key.size(2)
     scale = dim ** -0.5 if scaling is None else scaling
