@@ -42,9 +42,19 @@ def assert_cache_matches_fresh_pass(source: CachedForward, sequence: torch.Tenso
     source.rollback(sequence.size(1) - 1)  # undo the check's own step
 
 
-def run_step(target_model, draft_model, k, *, eos=frozenset(), steps=1, sampling=GREEDY, device="cpu"):
+def cached_source(path: str, model):
+    """The model's cache on `path`: a `CachedForward`, or the fast path's `StaticForward`."""
+    if path == "models":
+        return CachedForward(model)
+    from specdec_ref.fast import StaticForward
+
+    return StaticForward(model, max_length=64, static_shapes=True)
+
+
+def run_step(target_model, draft_model, k, *, eos=frozenset(), steps=1, sampling=GREEDY, device="cpu",
+             path="models"):
     """Run `steps` iterations from a fixed prompt; return the caches, sequence and last record."""
-    target, draft = CachedForward(target_model), CachedForward(draft_model)
+    target, draft = cached_source(path, target_model), cached_source(path, draft_model)
     sequence = torch.tensor([[5, 6, 7, 8]], device=device)
     generator = generator_on(device, 0)
     for _ in range(steps):
@@ -53,8 +63,8 @@ def run_step(target_model, draft_model, k, *, eos=frozenset(), steps=1, sampling
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_rollback_restores_logits_in_every_case(family, device):
-    """0 accepted, some accepted, all accepted + bonus, EOS inside the block, K = 0."""
+def test_rollback_restores_logits_in_every_case(family, device, path):
+    """0 accepted, some accepted, all accepted + bonus, EOS inside the block, K = 0, on every path."""
     target_model = make_model(family, layers=2, seed=1)
     noisy = noisy_copy(target_model, noise=0.1, seed=3).to(device)  # the noise is drawn on the CPU
     target_model = target_model.to(device)
@@ -68,14 +78,14 @@ def test_rollback_restores_logits_in_every_case(family, device):
     for name, (draft_model, k, eos) in cases.items():
         for steps in (1, 3, 5):
             target, draft, sequence, record = run_step(target_model, draft_model, k, eos=eos, steps=steps,
-                                                       device=device)
+                                                       device=device, path=path)
             seen.add((name, record.num_accepted == k, record.num_accepted == 0))
             assert_cache_matches_fresh_pass(target, sequence)
             assert_cache_matches_fresh_pass(draft, sequence)
     # EOS inside an accepted block: the EOS is the 2nd of 4 accepted drafts.
-    _, _, sequence, _ = run_step(target_model, target_model, 4, device=device)
+    _, _, sequence, _ = run_step(target_model, target_model, 4, device=device, path=path)
     eos = {int(sequence[0, 5])}
-    target, draft, sequence, record = run_step(target_model, target_model, 4, eos=eos, device=device)
+    target, draft, sequence, record = run_step(target_model, target_model, 4, eos=eos, device=device, path=path)
     assert record.emitted[-1] in eos and len(record.emitted) == 2 and len(record.drafted) == 4
     assert record.num_accepted == record.num_judged == 2  # the drafts after the EOS do not count
     assert_cache_matches_fresh_pass(target, sequence)

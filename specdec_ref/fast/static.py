@@ -102,6 +102,12 @@ class StaticForward:
         self._watched = [weight, next(model.parameters())]
         self._fingerprint = self._weights_fingerprint()
 
+    @property
+    def cached_length(self) -> int:
+        """How many tokens of the sequence have keys and values in the cache (as
+        `CachedForward.cached_length`)."""
+        return self.length
+
     @torch.no_grad()
     def last_logits(self, sequence: torch.Tensor, num_positions: int) -> torch.Tensor:
         """Logits at the last `num_positions` positions: (1, n) -> (m, V).
