@@ -13,9 +13,60 @@ import torch
 
 from ..timing import Timing
 
-# Figure size (inches) and resolution of every figure in the book: modest PNGs.
+# Figure size (inches) and resolution of every figure in the book. DPI sets the size on
+# the page (CSS pixels per inch); in a notebook, `crisp_inline_figures` stores PNGs of
+# PIXEL_RATIO x DPI pixels per inch shown at that size, sharp on a high-density screen.
 FIGSIZE = (6.4, 3.4)
 DPI = 100
+PIXEL_RATIO = 2
+
+
+def _png_for_dense_screens(fig) -> tuple[str, dict[str, int]] | None:
+    """A figure as base64 PNG at PIXEL_RATIO x its dpi, and its width in CSS pixels.
+
+    The metadata holds the width only (myst-nb and Jupyter write it on the <img>), so a
+    page narrower than the figure scales it down keeping its aspect ratio.
+    """
+    from base64 import b64encode
+    from io import BytesIO
+
+    if not fig.axes and not fig.lines:
+        return None  # an empty figure shows nothing, as with matplotlib's own formatter
+    buffer = BytesIO()
+    fig.canvas.print_figure(buffer, format="png", dpi=PIXEL_RATIO * fig.dpi, bbox_inches="tight",
+                            facecolor=fig.get_facecolor(), edgecolor=fig.get_edgecolor())
+    png = buffer.getvalue()
+    width = int.from_bytes(png[16:20], "big")  # the IHDR chunk: width, then height, in pixels
+    return b64encode(png).decode("ascii"), {"width": width // PIXEL_RATIO}
+
+
+def crisp_inline_figures() -> bool:
+    """Show a notebook's matplotlib figures sharp on high-density screens, at their size.
+
+    Inline figures become PNGs of PIXEL_RATIO x DPI pixels per inch whose output metadata
+    gives the width on the page (the figure's width at DPI). Activates the inline backend
+    now, so that its own set-up (which registers the plain formatters) does not come later.
+    Does nothing outside an IPython kernel or without matplotlib.
+
+    Returns:
+        Whether the figures' formatter was installed.
+    """
+    try:
+        from IPython import get_ipython
+        from matplotlib.figure import Figure
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None or not hasattr(shell, "kernel"):
+        return False
+    # Should the backend be set up again later (%matplotlib inline), it keeps 2x PNGs.
+    shell.config.InlineBackend.figure_formats = {"retina"}
+    try:
+        import matplotlib_inline.backend_inline  # noqa: F401  (its import sets up the backend)
+    except ImportError:
+        pass
+    shell.display_formatter.formatters["image/png"].for_type(Figure, _png_for_dense_screens)
+    return True
 
 
 def show_source(obj) -> object:
@@ -226,3 +277,7 @@ def slider_explorer(draw, sliders: Mapping[str, object], *, description: str = "
     output = widgets.interactive_output(redraw, dict(sliders))
     header = [widgets.HTML(f"<p>{description}</p>")] if description else []
     return Explorer([*header, *sliders.values(), output])
+
+
+# Every chapter imports this module (through specdec_ref.notebook) before it draws.
+crisp_inline_figures()
