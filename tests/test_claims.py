@@ -230,3 +230,108 @@ def test_table_parser_rejects_a_malformed_row():
         claim_rows(BROKEN_PAGE.replace("| 1 | one |", "| 1 | one | extra |"))
     with pytest.raises(ValueError, match="no table"):
         claim_rows("# Claims\n\nNo table here.\n")
+
+
+# --- the generated numbers: scripts/claims.py ---------------------------------------------
+
+
+def _claims_script():
+    """Import scripts/claims.py (scripts/ is not a package)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("claims_script", ROOT / "scripts" / "claims.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+claims_script = _claims_script()
+
+
+def _glue_output(name: str, value: object) -> dict:
+    """A code cell's output as myst-nb's glue stores it."""
+    return {"output_type": "display_data", "metadata": {"scrapbook": {"name": name, "mime_prefix": ""}},
+            "data": {claims_script.GLUE_MIME: repr(value)}}
+
+
+def test_committed_pages_are_what_the_script_writes():
+    """book/claims.md and README.md's table equal what `scripts/claims.py --write` writes."""
+    diffs = claims_script.stale(claims_script.outputs(claims_script.Sources()))
+    assert diffs == [], "\n".join(diffs) + "\nrun `python scripts/claims.py --write`"
+
+
+def test_every_placeholder_resolves():
+    """Each placeholder of the template names a value that exists and takes its format."""
+    src = claims_script.Sources()
+    template = claims_script.TEMPLATE.read_text(encoding="utf-8")
+    found = list(claims_script.PLACEHOLDER.finditer(template))
+    assert found, "the template has no placeholders"
+    for match in found:
+        value, spec = claims_script.value_of(match.group(1), match.group(2), src)
+        assert format(value, spec), match.group(0)
+    assert "{{" not in claims_script.fill(template, src)
+
+
+@pytest.mark.parametrize("placeholder, named", [
+    ("{{nb:99-no-such-chapter:x}}", "99-no-such-chapter"),
+    ("{{nb:05-bonus-token-and-kv-cache:no_such_glue}}", "no_such_glue"),
+    ("{{data:no-such-report.json:meta}}", "no-such-report.json"),
+    ("{{data:bench-tiny-cpu.json:headline.greedy.no_such_key}}", "no_such_key"),
+    ("{{data:bench-tiny-cpu.json:arms.[mode=greedy,name=no such arm].speedup}}", "no such arm"),
+    ("{{calc:no_such_calc}}", "no_such_calc"),
+])
+def test_unknown_sources_are_errors_that_name_them(placeholder, named):
+    """A notebook, glue, report, key, list element or calculation that does not exist is named."""
+    with pytest.raises(claims_script.ClaimsError, match=re.escape(named)):
+        claims_script.fill(placeholder, claims_script.Sources())
+
+
+def test_check_fails_when_a_report_changes(tmp_path, capsys):
+    """One benchmark value changed in a copy of the reports: the appendix and README differ, --check fails."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(claims_script.ROOT / "specdec_ref" / "data", data)
+    path = data / "bench-tiny-cpu.json"
+    report = json.loads(path.read_text())
+    arm = next(a for a in report["arms"] if a["mode"] == "greedy" and a["name"] == "specdec_ref k=4 lean")
+    assert f"{arm['speedup']:.2f}" == "1.63"
+    arm["speedup"] = 1.71
+    path.write_text(json.dumps(report))
+    assert claims_script.main(["--check", "--data", str(data)]) == 1
+    err = capsys.readouterr().err
+    assert "+| 1 |" in err and "1.71x at best" in err  # the appendix's row 1
+    assert "**1.71x**" in err  # the README's table
+    assert claims_script.main(["--check"]) == 0  # the committed sources still match
+
+
+def test_a_changed_glued_value_changes_the_page(tmp_path):
+    """A notebook whose glued value changes gives another page; --check on the old page fails."""
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    cells = [{"cell_type": "code", "metadata": {}, "source": [], "execution_count": 1,
+              "outputs": [_glue_output("overshoot_budgets", 7), _glue_output("alpha", 0.7172)]}]
+    (notebooks / "05-x.ipynb").write_text(json.dumps({"cells": cells}))
+    template = tmp_path / "claims.in.md"
+    template.write_text("overshoots {{nb:05-x:overshoot_budgets:d}} budgets, alpha {{nb:05-x:alpha:.3f}}\n")
+    page, readme = tmp_path / "claims.md", tmp_path / "README.md"
+    readme.write_text(claims_script.README.read_text(encoding="utf-8"))
+    args = ["--notebooks", str(notebooks), "--template", str(template), "--page", str(page), "--readme", str(readme)]
+    assert claims_script.main(["--write", *args]) == 0
+    assert page.read_text() == "overshoots 7 budgets, alpha 0.717\n"
+    assert claims_script.main(["--check", *args]) == 0
+    cells[0]["outputs"][0] = _glue_output("overshoot_budgets", 4)
+    (notebooks / "05-x.ipynb").write_text(json.dumps({"cells": cells}))
+    assert claims_script.main(["--check", *args]) == 1
+
+
+def test_data_paths_select_list_elements_and_dotted_keys():
+    """`[k=v]` picks one element, integers index, and a key may hold dots (t1.0)."""
+    report = {"headline": {"t1.0": {"speedup": 1.5}}, "arms": [{"name": "a", "x": 1}, {"name": "b", "x": 2}]}
+    assert claims_script.lookup(report, "headline.t1.0.speedup") == 1.5
+    assert claims_script.lookup(report, "arms.[name=b].x") == 2
+    assert claims_script.lookup(report, "arms.0.x") == 1
+    with pytest.raises(claims_script.ClaimsError, match="2 elements"):
+        claims_script.lookup({"arms": [{"n": 1}, {"n": 1}]}, "arms.[n=1]")
