@@ -281,6 +281,8 @@ def test_every_placeholder_resolves():
     ("{{data:bench-tiny-cpu.json:headline.greedy.no_such_key}}", "no_such_key"),
     ("{{data:bench-tiny-cpu.json:arms.[mode=greedy,name=no such arm].speedup}}", "no such arm"),
     ("{{calc:no_such_calc}}", "no_such_calc"),
+    ("{{#:a}} {{#ref:no-such-row}}", "no-such-row"),
+    ("{{#:twice}} {{#:twice}}", "twice"),
 ])
 def test_unknown_sources_are_errors_that_name_them(placeholder, named):
     """A notebook, glue, report, key, list element or calculation that does not exist is named."""
@@ -325,6 +327,12 @@ def test_a_changed_glued_value_changes_the_page(tmp_path):
     cells[0]["outputs"][0] = _glue_output("overshoot_budgets", 4)
     (notebooks / "05-x.ipynb").write_text(json.dumps({"cells": cells}))
     assert claims_script.main(["--check", *args]) == 1
+
+
+def test_rows_are_numbered_in_order():
+    """`{{#:label}}` numbers the rows 1, 2, ...; `{{#ref:label}}` gives a row's number."""
+    text = "| {{#:b}} | x |\n| {{#:a}} | see row {{#ref:b}} |\n"
+    assert claims_script.number_rows(text) == "| 1 | x |\n| 2 | see row 1 |\n"
 
 
 def test_data_paths_select_list_elements_and_dotted_keys():
