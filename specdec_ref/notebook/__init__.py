@@ -1,9 +1,11 @@
 """Helpers for the book's notebooks; the package itself never imports them.
 
 * `pair`: pick and load the model pair a chapter runs on (`open_pair`);
-* `plots`: the recurring figures, the widgets, and `show_source`.
+* `plots`: the recurring figures, the widgets, and `show_source`;
+* `glue`: store a computed value for the page's prose (myst-nb's record, without myst-nb).
 """
 
+from .glue import glue
 from .pair import (
     CPU_PAIR,
     DTYPE_ENV,
@@ -43,6 +45,7 @@ __all__ = [
     "chosen_dtype",
     "cpu_threads",
     "figure",
+    "glue",
     "on_colab",
     "open_pair",
     "plot_distributions",
