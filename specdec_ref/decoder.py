@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from .drafting import Drafter, ModelDrafter, is_drafter
+from .drafting import Drafter, ModelDrafter, as_drafter, is_drafter, is_logits_source
 from .kv_cache import LogitsSource, make_logits_source
 from .rejection import accept_reject
 from .sampling import SamplingConfig, logits_to_probs, sample
@@ -186,9 +186,7 @@ def _as_target_source(target_model: PreTrainedModel | LogitsSource, use_cache: b
     (e.g. `fast.StaticForward`) is used as it is, with its cache emptied first."""
     if isinstance(target_model, PreTrainedModel):
         return make_logits_source(target_model, use_cache)
-    if not (callable(getattr(target_model, "last_logits", None))
-            and callable(getattr(target_model, "rollback", None))
-            and isinstance(getattr(target_model, "model", None), PreTrainedModel)):
+    if not is_logits_source(target_model):
         raise TypeError(
             f"{name} must be a transformers PreTrainedModel or a logits source "
             "(with .model, last_logits(sequence, num_positions) and "
@@ -210,7 +208,7 @@ def _check_capacity(source: LogitsSource | Drafter, needed: int, name: str) -> N
 @torch.no_grad()
 def speculative_generate(
     target_model: PreTrainedModel | LogitsSource,
-    draft_model: PreTrainedModel | Drafter,
+    draft_model: PreTrainedModel | LogitsSource | Drafter,
     input_ids: torch.Tensor,
     *,
     max_new_tokens: int,
@@ -227,8 +225,10 @@ def speculative_generate(
             or a logits source over it (e.g. `fast.StaticForward`, the
             static-cache and CUDA-graph path), whose cache is emptied first.
         draft_model: the small model (sharing the target's vocabulary and
-            device), or a `drafting.Drafter` such as chapter 7's
-            `lookup.PromptLookupDrafter`.
+            device), a logits source over it (e.g. `fast.LeanForward`), or
+            a `drafting.Drafter` such as chapter 7's
+            `lookup.PromptLookupDrafter`; a cache it holds is emptied first,
+            and a `ModelDrafter` takes `sampling` and `generator` from here.
         input_ids: the prompt, shape (1, n) with n >= 1.
         max_new_tokens: the most tokens to add (exactly this many unless EOS
             comes first).
@@ -253,39 +253,25 @@ def speculative_generate(
     Raises:
         ValueError / TypeError: for any malformed argument (see `validation`).
     """
-    given_drafter = is_drafter(draft_model)
-    if given_drafter:
+    if is_drafter(draft_model):
         check_drafter(draft_model)
-    elif not isinstance(draft_model, PreTrainedModel):
-        raise TypeError(
-            "draft_model must be a transformers PreTrainedModel or a Drafter "
-            "(with draft(input_ids, num_draft_tokens, vocab_size) and "
-            f"rollback(length)), got {type(draft_model).__name__}")
+    draft = as_drafter(draft_model, sampling, generator, use_cache)
     if num_draft_tokens is None:
-        num_draft_tokens = (getattr(draft_model, "num_draft_tokens", 4)
-                            if given_drafter else 4)
+        num_draft_tokens = getattr(draft, "num_draft_tokens", 4)
     target = _as_target_source(target_model, use_cache, "target_model")
     models = {"target_model": target.model}
     # A draft model gets the checks (vocabulary, device, context length),
-    # bare or behind a ModelDrafter (e.g. over a LeanForward).
-    inner = getattr(getattr(draft_model, "source", None), "model", None)
-    if not given_drafter:
-        models["draft_model"] = draft_model
-    elif (isinstance(draft_model, ModelDrafter)
-          and isinstance(inner, PreTrainedModel)):
+    # bare, as a logits source or behind a ModelDrafter.
+    inner = getattr(getattr(draft, "source", None), "model", None)
+    if isinstance(inner, PreTrainedModel):
         models["draft_model"] = inner
     check_generation_args(models, input_ids, max_new_tokens, sampling,
                           generator, num_draft_tokens)
     needed = input_ids.size(1) + max_new_tokens
     _check_capacity(target, needed, "target_model")
+    _check_capacity(draft, needed, "draft_model")
     schedule = as_schedule(num_draft_tokens)
     eos = eos_set(eos_token_id)
-    draft = draft_model if given_drafter else ModelDrafter(
-        make_logits_source(draft_model, use_cache), sampling, generator)
-    _check_capacity(draft, needed, "draft_model")
-    # A drafter passed in may hold a cache from an earlier call: start it empty.
-    if given_drafter:
-        draft.rollback(0)
     target_calls_before = target.forward_calls
     draft_calls_before = draft.forward_calls
     sequence, stats, trace = input_ids, GenerationStats(), []

@@ -24,7 +24,7 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
-from .kv_cache import FullForward, LogitsSource
+from .kv_cache import FullForward, LogitsSource, make_logits_source
 from .sampling import SamplingConfig, logits_to_probs, sample
 
 
@@ -115,10 +115,16 @@ def is_drafter(obj: object) -> bool:
 
 
 class ModelDrafter:
-    """A draft model as a `Drafter`: `draft_tokens` over a logits source."""
+    """A draft model as a `Drafter`: `draft_tokens` over a logits source.
+
+    Built without `sampling` (or `generator`), it takes the decoder's: the
+    sampling configuration is given once, to `speculative_generate`. One
+    built with a sampling configuration other than the decoder's is refused
+    (`bind`), so that p and q are always processed alike.
+    """
 
     def __init__(self, source: PreTrainedModel | LogitsSource,
-                 sampling: SamplingConfig,
+                 sampling: SamplingConfig | None = None,
                  generator: torch.Generator | None = None) -> None:
         self.source = as_logits_source(source)
         self.sampling = sampling
@@ -129,13 +135,68 @@ class ModelDrafter:
         """The draft model's forward passes so far."""
         return self.source.forward_calls
 
+    def bind(self, sampling: SamplingConfig,
+             generator: torch.Generator | None) -> ModelDrafter:
+        """This drafter with the decoder's sampling and generator where it
+        has none of its own (the same cache: `source` is shared)."""
+        if self.sampling is not None and self.sampling != sampling:
+            raise ValueError(
+                f"the drafter's sampling ({self.sampling}) differs from the "
+                f"decoder's ({sampling}): build ModelDrafter without sampling, "
+                "and it takes speculative_generate's")
+        if self.sampling is not None and self.generator is not None:
+            return self
+        return ModelDrafter(self.source, sampling, self.generator or generator)
+
     def draft(self, input_ids: torch.Tensor, num_draft_tokens: int,
               vocab_size: int) -> Draft:
         """Exactly `num_draft_tokens` tokens from the draft model
         (`vocab_size` is its own)."""
+        if self.sampling is None:
+            raise ValueError(
+                "this ModelDrafter has no sampling configuration: pass it to "
+                "speculative_generate (which hands it its own) or build it "
+                "with one")
         return draft_tokens(self.source, input_ids, num_draft_tokens,
                             self.sampling, self.generator)
 
     def rollback(self, length: int) -> None:
         """Crop the draft model's cache to the first `length` tokens."""
         self.source.rollback(length)
+
+
+def is_logits_source(obj: object) -> bool:
+    """Whether `obj` answers `last_logits` and `rollback` over a model (a
+    `kv_cache.LogitsSource`, e.g. `fast.StaticForward` or `fast.LeanForward`)."""
+    return (callable(getattr(obj, "last_logits", None))
+            and callable(getattr(obj, "rollback", None))
+            and isinstance(getattr(obj, "model", None), PreTrainedModel))
+
+
+def as_drafter(draft_model: PreTrainedModel | LogitsSource | Drafter,
+               sampling: SamplingConfig, generator: torch.Generator | None,
+               use_cache: bool = True) -> Drafter:
+    """What the decoder drafts through, given what the user passed.
+
+    A model gets a cache of its own (`make_logits_source`); a logits source
+    is used with its cache emptied; either is wrapped in a `ModelDrafter`
+    with the decoder's sampling and generator. A `ModelDrafter` takes them
+    where it has none (`bind`); any other drafter is used as it is, its
+    cache emptied.
+    """
+    if isinstance(draft_model, PreTrainedModel):
+        source = make_logits_source(draft_model, use_cache)
+        return ModelDrafter(source, sampling, generator)
+    if is_drafter(draft_model):
+        draft_model.rollback(0)  # it may hold an earlier call's cache
+        if isinstance(draft_model, ModelDrafter):
+            return draft_model.bind(sampling, generator)
+        return draft_model
+    if is_logits_source(draft_model):
+        draft_model.rollback(0)
+        return ModelDrafter(draft_model, sampling, generator)
+    raise TypeError(
+        "draft_model must be a transformers PreTrainedModel, a logits source "
+        "(e.g. fast.LeanForward) or a Drafter (with draft(input_ids, "
+        "num_draft_tokens, vocab_size) and rollback(length)), got "
+        f"{type(draft_model).__name__}")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -44,33 +46,49 @@ def device(request) -> str:
 
 
 # The paths the decoder's exactness tests run through: the models themselves (the
-# teaching and cached path), and the fast path's static cache (`fast.StaticForward`,
+# teaching and cached path), the fast path's static cache (`fast.StaticForward`,
 # attending over the whole buffer through a mask as a CUDA graph does; on CUDA it
-# captures and replays the graphs).
-PATHS = ["models", "static"]
+# captures and replays the graphs), and the default path `fast.prepare` sets up for
+# the device (on a CPU: bfloat16 where native, prepacked, grouped attention, a lean
+# Llama draft; on CUDA: StaticForward with graphs), on copies of the models.
+PATHS = ["models", "static", "prepared"]
 
 
 @pytest.fixture(params=PATHS)
 def path(request) -> str:
-    """Each path of PATHS in turn ("models", "static")."""
+    """Each path of PATHS in turn ("models", "static", "prepared")."""
     return request.param
 
 
-def through(path: str, target, draft=None, *, max_length: int, sampling=None, generator=None):
-    """The (target, draft) arguments of `speculative_generate` for `path` (draft None: target only).
+class Route(NamedTuple):
+    """What a test passes to the decoder on one path, and the model it must match."""
+
+    target: object  # speculative_generate's target_model
+    draft: object  # its draft_model (None: target only)
+    target_model: object  # the target as the path runs it: its generate and law are the reference
+
+
+def through(path: str, target, draft=None, *, max_length: int, sampling=None, generator=None) -> Route:
+    """The arguments of `speculative_generate` for `path` (draft None: target only).
 
     "static" wraps the target in a `StaticForward` and the draft in a `ModelDrafter` over
-    one, which then needs the call's `sampling` and `generator`."""
-    if path == "models":
-        return target, draft
+    one, which then needs the call's `sampling` and `generator`; "prepared" runs
+    `fast.prepare` on copies (it changes models in place), so the reference output must
+    come from `Route.target_model`, the prepared target."""
     from specdec_ref.drafting import ModelDrafter
-    from specdec_ref.fast import StaticForward
+    from specdec_ref.fast import StaticForward, prepare
 
+    if path == "models":
+        return Route(target, draft, target)
+    if path == "prepared":
+        fast = prepare(copy.deepcopy(draft if draft is not None else target), copy.deepcopy(target),
+                       max_length=max_length)
+        return Route(fast.target, fast.draft if draft is not None else None, fast.target_model)
     static_target = StaticForward(target, max_length=max_length, static_shapes=True)
     if draft is None:
-        return static_target, None
+        return Route(static_target, None, target)
     static_draft = StaticForward(draft, max_length=max_length, static_shapes=True)
-    return static_target, ModelDrafter(static_draft, sampling, generator)
+    return Route(static_target, ModelDrafter(static_draft, sampling, generator), target)
 
 
 def generator_on(device: str, seed: int) -> torch.Generator:

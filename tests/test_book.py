@@ -94,7 +94,9 @@ def test_notebooks_follow_the_skeleton():
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         cells = json.loads(path.read_text())["cells"]
         text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
-        for heading in ("{rubric} What you'll learn", "{rubric} What you need", "## Summary", "## Exercises", "## References"):
+        headings = ("{rubric} What you'll learn", "{rubric} What you need", "## Summary", "## Exercises",
+                    "## References")
+        for heading in headings:
             assert heading in text, f"{path.name} lacks {heading!r}"
         code = [c for c in cells if c["cell_type"] == "code"]
         assert all(c.get("outputs") is not None for c in code)

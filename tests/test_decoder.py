@@ -17,12 +17,14 @@ GREEDY = SamplingConfig(temperature=0.0)
 @pytest.mark.parametrize("k", [1, 3, 5])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_greedy_matches_target_generate(close_pair, k, seed, device, path):
-    """Temperature 0: the same tokens as transformers' greedy generate, float32, on every path."""
+    """Temperature 0: the same tokens as transformers' greedy generate, on every path (float32 as
+    built; the prepared path's own dtype, its target's generate the reference)."""
     target, draft = (model.to(device) for model in close_pair)
     prompt = torch.randint(2, 48, (1, 5), generator=torch.Generator().manual_seed(seed)).to(device)
-    expected = target.generate(prompt, max_new_tokens=60, min_new_tokens=60, do_sample=False)
-    target, draft = through(path, target, draft, max_length=65, sampling=GREEDY)
-    out = speculative_generate(target, draft, prompt, max_new_tokens=60, num_draft_tokens=k, sampling=GREEDY)
+    route = through(path, target, draft, max_length=65, sampling=GREEDY)
+    expected = route.target_model.generate(prompt, max_new_tokens=60, min_new_tokens=60, do_sample=False)
+    out = speculative_generate(route.target, route.draft, prompt, max_new_tokens=60, num_draft_tokens=k,
+                               sampling=GREEDY)
     assert torch.equal(out.sequences, expected)
     assert 0 < out.stats.accepted_tokens < out.stats.drafted_tokens  # both branches were exercised
 
@@ -31,9 +33,10 @@ def test_autoregressive_baseline_matches_generate(close_pair, device, path):
     """The baseline decoder is the target's own greedy decoding, on every path."""
     target = close_pair[0].to(device)
     prompt = torch.tensor([[3, 4, 5]], device=device)
-    expected = target.generate(prompt, max_new_tokens=40, min_new_tokens=40, do_sample=False)
-    source, _ = through(path, target, max_length=43)
-    assert torch.equal(autoregressive_generate(source, prompt, max_new_tokens=40, sampling=GREEDY).sequences, expected)
+    route = through(path, target, max_length=43)
+    expected = route.target_model.generate(prompt, max_new_tokens=40, min_new_tokens=40, do_sample=False)
+    out = autoregressive_generate(route.target, prompt, max_new_tokens=40, sampling=GREEDY)
+    assert torch.equal(out.sequences, expected)
 
 
 @pytest.mark.parametrize(
@@ -45,6 +48,8 @@ def test_autoregressive_baseline_matches_generate(close_pair, device, path):
         (SamplingConfig(1.0, top_p=0.8), True, "models"),
         (SamplingConfig(1.0), True, "static"),
         (SamplingConfig(0.7, top_k=3), True, "static"),
+        (SamplingConfig(1.0), True, "prepared"),
+        (SamplingConfig(0.7, top_k=3), True, "prepared"),
     ],
 )
 def test_sampling_end_to_end_matches_target_law(sampling, use_cache, path, device):
@@ -53,14 +58,15 @@ def test_sampling_end_to_end_matches_target_law(sampling, use_cache, path, devic
     target = make_model("gpt2", layers=1, width=32, vocab=vocab, seed=7, init_range=0.5)
     draft = noisy_copy(target, noise=0.8, seed=8)
     prompt = torch.tensor([[1, 2]])
-    law = exact_joint_law(target, prompt, sampling, 3, vocab)  # the exact law, on the CPU
     target, draft, prompt = target.to(device), draft.to(device), prompt.to(device)
     generator = generator_on(device, 123)
     # One static cache for all 3000 runs: each run starts by emptying it.
-    target, draft = through(path, target, draft, max_length=5, sampling=sampling, generator=generator)
+    route = through(path, target, draft, max_length=5, sampling=sampling, generator=generator)
+    # The exact law of the target as the path runs it (prepared: its dtype), on the CPU.
+    law = exact_joint_law(copy.deepcopy(route.target_model).cpu(), prompt.cpu(), sampling, 3, vocab)
     samples, accepted = [], 0
     for _ in range(3000):
-        out = speculative_generate(target, draft, prompt, max_new_tokens=3, num_draft_tokens=2,
+        out = speculative_generate(route.target, route.draft, prompt, max_new_tokens=3, num_draft_tokens=2,
                                    sampling=sampling, generator=generator, use_cache=use_cache)
         samples.append(tuple(out.sequences[0, 2:].tolist()))
         accepted += out.stats.accepted_tokens

@@ -62,6 +62,7 @@ def run_step(target_model, draft_model, k, *, eos=frozenset(), steps=1, sampling
     return target, draft, sequence, record
 
 
+@pytest.mark.parametrize("path", ["models", "static"])  # the prepared path's parts: these and test_lean
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_rollback_restores_logits_in_every_case(family, device, path):
     """0 accepted, some accepted, all accepted + bonus, EOS inside the block, K = 0, on every path."""
@@ -100,13 +101,13 @@ def test_budget_end_inside_a_block_leaves_consistent_caches(device, path):
     """max_new_tokens reached mid-block: K shrinks, output length is exact, caches agree."""
     target = make_model("llama", layers=2, seed=1).to(device)
     prompt = torch.tensor([[5, 6]], device=device)
-    first, second = through(path, target, target, max_length=9, sampling=GREEDY)
-    out = speculative_generate(first, second, prompt, max_new_tokens=7, num_draft_tokens=4,
+    route = through(path, target, target, max_length=9, sampling=GREEDY)
+    out = speculative_generate(route.target, route.draft, prompt, max_new_tokens=7, num_draft_tokens=4,
                                sampling=GREEDY)
     # Perfect draft: blocks of K + 1 = 5 tokens, then the budget allows only K = 1.
     assert [len(r.emitted) for r in out.trace] == [5, 2]
     assert [len(r.drafted) for r in out.trace] == [4, 1]
-    reference = autoregressive_generate(target, prompt, max_new_tokens=7, sampling=GREEDY)
+    reference = autoregressive_generate(route.target_model, prompt, max_new_tokens=7, sampling=GREEDY)
     assert torch.equal(out.sequences, reference.sequences)
 
 

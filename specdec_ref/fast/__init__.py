@@ -13,19 +13,28 @@ greedy tokens with the plain models'):
 * `batch_invariant`: attention whose every row is bitwise a one-token step's, so
   greedy stays exact in bfloat16;
 * `lean`: `LeanForward`, a Llama-style draft's cached pass without the framework's
-  per-call work.
+  per-call work;
+* `prepared`: `prepare(draft_model, target_model)`, all of the above that fits the
+  device in one call, and `FastPair.describe()`, what it chose.
 
-Use it as any logits source: the target directly, the draft through a drafter,
+One call prepares a pair for the device it is on; pass what it returns as the models:
+
+    fast = prepare(draft_model, target_model)
+    speculative_generate(fast.target, fast.draft, input_ids, max_new_tokens=..., sampling=sampling, ...)
+
+A logits source (`StaticForward`, `LeanForward`) can also be passed by hand, as the
+target or as the draft:
 
     target = StaticForward(target_model, max_length=n + max_new_tokens)
-    drafter = ModelDrafter(StaticForward(draft_model, max_length=n + max_new_tokens), sampling, generator)
-    speculative_generate(target, drafter, input_ids, max_new_tokens=..., sampling=sampling, ...)
+    speculative_generate(target, StaticForward(draft_model, max_length=n + max_new_tokens), input_ids, ...)
 
 and the output is the same as with the models themselves (exactly, up to float
 rounding in the logits): only the time per pass changes.
 """
 
 from .blocks import FAMILIES, static_unsupported
+from .lean import LeanForward
+from .prepared import FastPair, prepare
 from .static import StaticForward
 
-__all__ = ["FAMILIES", "StaticForward", "static_unsupported"]
+__all__ = ["FAMILIES", "FastPair", "LeanForward", "StaticForward", "prepare", "static_unsupported"]

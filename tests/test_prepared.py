@@ -1,0 +1,109 @@
+"""fast.prepare: one call to the fastest exact path, and the sampling configuration given once.
+
+The exactness of the prepared path (greedy equal to the prepared target's `generate`, the
+law of sampled tokens, the budget's end) is tested with the teaching path's own tests,
+through the "prepared" value of the `path` fixture (conftest.PATHS).
+"""
+
+import pytest
+import torch
+from conftest import make_model, noisy_copy
+
+from specdec_ref import SamplingConfig, speculative_generate
+from specdec_ref.drafting import ModelDrafter
+from specdec_ref.fast import FastPair, LeanForward, StaticForward, prepare
+from specdec_ref.fast import prepared as prepared_module
+from specdec_ref.fast.batch_invariant import GROUPED
+from specdec_ref.fast.packed import is_packed
+
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+def llama_pair():
+    target = make_model("llama", layers=2, seed=1)
+    return noisy_copy(target, noise=0.3, seed=3), target
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_cpu_choices_follow_the_cpu_and_describe_says_them(native, monkeypatch):
+    """bfloat16 only where the CPU computes it; packed, grouped attention and a lean draft
+    always; describe() names each choice on a line of at most 80 characters."""
+    monkeypatch.setattr(prepared_module, "cpu_computes_bfloat16", lambda: native)
+    draft, target = llama_pair()
+    fast = prepare(draft, target)
+    assert isinstance(fast, FastPair) and fast.target is target and fast.target_model is target
+    assert isinstance(fast.draft, LeanForward) and fast.draft.model is draft
+    expected = torch.bfloat16 if native else torch.float32
+    assert target.dtype == draft.dtype == expected
+    assert is_packed(target) and is_packed(draft)
+    assert target.config._attn_implementation == GROUPED
+    text = fast.describe()
+    assert all(len(line) <= 80 for line in text.splitlines())
+    for word in ("dtype", "linear", "attention", "draft", "target", str(expected).removeprefix("torch.")):
+        assert word in text
+
+
+def test_a_draft_lean_cannot_run_stays_a_model_and_says_why():
+    target = make_model("gpt2", layers=2, seed=1)
+    draft = noisy_copy(target, noise=0.3, seed=3)
+    fast = prepare(draft, target, dtype=torch.float32)
+    assert fast.draft is draft and "gpt2" in fast.choices["draft"]
+    assert target.dtype == torch.float32 and "as asked" in fast.choices["dtype"]
+
+
+def test_prepare_refuses_bad_arguments():
+    draft, target = llama_pair()
+    with pytest.raises(ValueError, match="dtype must be a floating-point torch.dtype"):
+        prepare(draft, target, dtype=torch.int64)
+    with pytest.raises(ValueError, match="dtype must be"):
+        prepare(draft, target, dtype="bfloat16")
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="put both on one device"):
+            prepare(draft.cuda(), target)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU path needs CUDA")
+def test_gpu_choice_is_the_static_cache_with_graphs():
+    draft, target = (model.cuda() for model in llama_pair())
+    fast = prepare(draft, target, max_length=64)
+    assert isinstance(fast.target, StaticForward) and isinstance(fast.draft, StaticForward)
+    assert fast.target.max_length == 64 and "CUDA graphs" in fast.describe()
+    prompt = torch.tensor([[3, 4, 5]], device="cuda")
+    expected = target.generate(prompt, max_new_tokens=20, min_new_tokens=20, do_sample=False)
+    out = speculative_generate(fast.target, fast.draft, prompt, max_new_tokens=20, sampling=GREEDY)
+    assert torch.equal(out.sequences, expected)
+
+
+def test_a_drafter_without_sampling_takes_the_decoders_and_equals_the_model_path():
+    """The sampling configuration is passed once: a ModelDrafter built without one (or a
+    bare logits source) drafts with speculative_generate's, and gives the same tokens as
+    the draft model passed directly, for the same seed."""
+    draft, target = llama_pair()
+    prompt = torch.tensor([[5, 6, 7]])
+    sampling = SamplingConfig(temperature=0.8, top_k=20)
+
+    def run(draft_argument):
+        return speculative_generate(target, draft_argument, prompt, max_new_tokens=24, num_draft_tokens=3,
+                                    sampling=sampling, generator=torch.Generator().manual_seed(5)).sequences
+
+    reference = run(draft)
+    assert torch.equal(run(ModelDrafter(draft)), reference)
+    assert torch.equal(run(ModelDrafter(draft, sampling)), reference)
+    lean = run(LeanForward(draft))  # a logits source as draft_model: float rounding may differ
+    assert lean.shape == reference.shape
+
+
+def test_a_drafter_built_with_other_sampling_is_refused():
+    draft, target = llama_pair()
+    drafter = ModelDrafter(draft, SamplingConfig(temperature=0.5))
+    with pytest.raises(ValueError, match="differs from the decoder's"):
+        speculative_generate(target, drafter, torch.tensor([[5, 6]]), max_new_tokens=4,
+                             sampling=SamplingConfig(temperature=1.0))
+    with pytest.raises(ValueError, match="no sampling configuration"):
+        ModelDrafter(draft).draft(torch.tensor([[5, 6]]), 2, 64)
+
+
+def test_a_wrong_draft_argument_names_what_is_allowed():
+    _, target = llama_pair()
+    with pytest.raises(TypeError, match="draft_model must be a transformers PreTrainedModel, a logits source"):
+        speculative_generate(target, "gpt2", torch.tensor([[5, 6]]), max_new_tokens=4)
