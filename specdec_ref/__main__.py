@@ -1,13 +1,16 @@
 """`python -m specdec_ref`: watch speculative decoding work on a small pair, then time it.
 
 The demo loads the embedded tiny pair (or, with `--pair random`, random-init models of
-its shapes), runs the cached `speculative_generate` on one held-out prompt and
+its shapes), puts it on the fast path the README's snippet uses (`fast.prepare`, which
+says what it chose; `--plain` keeps the models as loaded), runs `speculative_generate`
+on one held-out prompt and
 prints every iteration: the K tokens the draft proposed, how many the target accepted,
 and the correction or bonus token it added (`specdec_ref.trace`); then the continuation
 with each token's origin marked. Then the counters, a check against the
 target's own greedy `generate`, and the measured speed against the target alone
-(`autoregressive_generate` with its KV cache, and `transformers`' `generate`), each
-timed after a warm-up, as the median of several runs.
+(`autoregressive_generate` with its KV cache, and `transformers`' `generate` with
+`scaled_dot_product_attention`, its fastest attention here), each timed after a
+warm-up, as the median of several runs.
 
 For the full comparison (assisted generation, every K, sampling modes, spreads) run
 `python -m specdec_ref.bench`.
@@ -19,17 +22,24 @@ import argparse
 
 import torch
 
+from .bench.default_path import attention
 from .bench.pair import BenchPair, bench_prompts, load_bench_pair
 from .decoder import autoregressive_generate, speculative_generate
+from .fast import FastPair, prepare
 from .sampling import SamplingConfig
 from .timing import time_call
 from .trace import LEGEND, iteration_lines, marked_text, show_tokens, stats_lines
 
 
-def time_against_target(pair: BenchPair, prompt: torch.Tensor, *, max_new_tokens: int, k: int,
+def time_against_target(pair: BenchPair, fast: FastPair, prompt: torch.Tensor, *, max_new_tokens: int, k: int,
                         sampling: SamplingConfig, repeats: int, seed: int) -> dict[str, float]:
     """Tokens per second of the speculative decoder and of the target alone (median of `repeats`)."""
-    target, draft = pair.target_model, pair.draft_model
+    target, draft = fast.target, fast.draft
+
+    def sdpa_generate() -> torch.Tensor:
+        with attention(pair.target_model, "sdpa"):
+            return pair.target_model.generate(prompt, attention_mask=torch.ones_like(prompt),
+                                              max_new_tokens=max_new_tokens, **sampling.generate_kwargs())
 
     def generator() -> torch.Generator:
         return torch.Generator(device=pair.device).manual_seed(seed)
@@ -40,9 +50,7 @@ def time_against_target(pair: BenchPair, prompt: torch.Tensor, *, max_new_tokens
             generator=generator()),
         "target alone, specdec_ref (KV cache)": lambda: autoregressive_generate(
             target, prompt, max_new_tokens=max_new_tokens, sampling=sampling, generator=generator()),
-        "target alone, transformers generate": lambda: target.generate(
-            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
-            **sampling.generate_kwargs()),
+        "target alone, transformers generate (sdpa)": sdpa_generate,
     }
     with torch.no_grad():
         return {name: max_new_tokens / time_call(fn, repeats=repeats, warmup=1, device=pair.device).median
@@ -59,6 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plain", action="store_true", help="the models as loaded, not fast.prepare's path")
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -67,12 +76,18 @@ def main(argv: list[str] | None = None) -> None:
 
     pair = load_bench_pair(args.pair, device=device)
     print(f"pair: {pair.description}")
+    if args.plain:
+        fast = FastPair(pair.target_model, pair.draft_model, pair.target_model, pair.draft_model,
+                        {"models": "as loaded (--plain)"})
+    else:
+        fast = prepare(pair.draft_model, pair.target_model, max_length=24 + args.max_new_tokens)
+    print(fast.describe())
     [prompt], source = bench_prompts(pair, 1, prompt_tokens=24, seed=args.seed)
     print(f"prompt ({source}, {prompt.size(1)} tokens): {show_tokens(prompt[0].tolist(), pair.tokenizer)}")
     print(f"speculative decoding, K = {args.k}, {sampling}, KV cache on, {args.max_new_tokens} new tokens\n")
 
     generator = torch.Generator(device=pair.device).manual_seed(args.seed)
-    output = speculative_generate(pair.target_model, pair.draft_model, prompt, max_new_tokens=args.max_new_tokens,
+    output = speculative_generate(fast.target, fast.draft, prompt, max_new_tokens=args.max_new_tokens,
                                   num_draft_tokens=args.k, sampling=sampling, generator=generator)
     print("\n".join(iteration_lines(output.trace, pair.tokenizer, width=120)))
     print(f"\nthe continuation, each token's origin marked:\n{LEGEND}\n")
@@ -87,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"identical to the target's own greedy generate: {'yes' if same else 'NO'}")
 
     print(f"\nspeed, {args.max_new_tokens} new tokens, median of {args.repeats} runs after a warm-up:")
-    rates = time_against_target(pair, prompt, max_new_tokens=args.max_new_tokens, k=args.k, sampling=sampling,
+    rates = time_against_target(pair, fast, prompt, max_new_tokens=args.max_new_tokens, k=args.k, sampling=sampling,
                                 repeats=args.repeats, seed=args.seed)
     ours, *alone = rates
     print(f"  {ours:<42} {rates[ours]:8.1f} tokens/s")

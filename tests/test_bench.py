@@ -53,6 +53,9 @@ def test_bench_writes_the_report_it_returns(bench_run):
         assert key in meta, key
     assert meta["pair"] == "random" and meta["max_new_tokens"] == 12 and meta["threads"] == 1
     assert meta["linear"] == ("packed" if PACKED else "plain") and meta["attention"] == "sdpa"
+    # What fast.prepare would choose for the pair as loaded: the README snippet's path.
+    assert meta["prepare"][0] == "specdec_ref.fast.prepare on cpu:" and any("LeanForward" in line
+                                                                         for line in meta["prepare"])
     assert written["cost_ratio"] > 0 and written["lean_cost_ratio"] > 0  # the random draft is Llama-style
     assert written["loop_cost_ratio"] > 0 and written["lean_loop_cost_ratio"] > 0
     assert set(written["verify_cost"]) == {str(k) for k in range(1, 9)}

@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 from ..fast.batch_invariant import GROUPED, ROWWISE
 from ..fast.packed import pack_linear_layers, packing_unsupported
+from ..fast.prepared import describe, plan
 from ..validation import check_integer
 from .arms import VARIANTS, Arm, ArmRunner, RunRecord, assisted_defaults, build_arms
 from .fast import compiled_generate_error, fast_section, fast_unsupported, gpt2_shapes_pair, measure_fast_costs
@@ -102,6 +103,8 @@ def run_benchmark(config: BenchConfig) -> dict:
         pair = gpt2_shapes_pair(device=device, dtype=DTYPES[config.dtype], small=config.pair.endswith("small"))
     else:
         pair = load_bench_pair(config.pair, device=device, dtype=DTYPES[config.dtype], shape=config.shape)
+    # What `fast.prepare` would choose for this pair as loaded (the README snippet's path).
+    prepared = describe(device, plan(pair.draft_model, pair.target_model).choices).splitlines()
     # The "float32" baseline variant: generate on a float32 copy, as loaded (made before packing).
     float32_target = None
     if device.type == "cpu" and config.dtype != "float32":
@@ -184,6 +187,7 @@ def run_benchmark(config: BenchConfig) -> dict:
             "target_pass_ms": 1000 * costs.target_seconds,
             "overhead_method": "forward hooks on both models (GPU synchronized at each pass boundary)",
             "hf_assisted_defaults": assisted_defaults(), "fast": fast, "compiled_generate_error": compile_error,
+            "prepare": prepared,
         },
         "cost_ratio": costs.cost_ratio,
         "lean_cost_ratio": costs.lean_cost_ratio,

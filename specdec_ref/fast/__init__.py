@@ -34,7 +34,7 @@ rounding in the logits): only the time per pass changes.
 
 from .blocks import FAMILIES, static_unsupported
 from .lean import LeanForward
-from .prepared import FastPair, prepare
+from .prepared import FastPair, plan, prepare
 from .static import StaticForward
 
-__all__ = ["FAMILIES", "FastPair", "LeanForward", "StaticForward", "prepare", "static_unsupported"]
+__all__ = ["FAMILIES", "FastPair", "LeanForward", "StaticForward", "plan", "prepare", "static_unsupported"]

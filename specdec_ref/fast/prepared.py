@@ -15,7 +15,8 @@ for the device the models are on, without a reader having to assemble them:
 `prepare` changes the models in place (dtype, packed layers, attention) and returns a
 `FastPair`: pass `pair.target` and `pair.draft` to `speculative_generate` as you
 would pass the models; `pair.target_model.generate(...)` is the baseline in the same
-configuration. `describe()` says what was chosen and why; the benchmark records it.
+configuration. `describe()` says what was chosen and why; `plan` says it without
+changing anything, and the benchmark records it.
 
     fast = prepare(draft_model, target_model)
     print(fast.describe())
@@ -53,10 +54,14 @@ class FastPair:
 
     def describe(self) -> str:
         """What `prepare` chose, one line each (at most 80 characters)."""
-        device = model_device(self.target_model)
-        lines = [f"specdec_ref.fast.prepare on {device.type}:"]
-        lines += [f"  {name + ':':<10} {why}" for name, why in self.choices.items()]
-        return "\n".join(lines)
+        return describe(model_device(self.target_model), self.choices)
+
+
+def describe(device: torch.device, choices: dict[str, str]) -> str:
+    """`FastPair.describe`'s text for `choices` made on `device`."""
+    lines = [f"specdec_ref.fast.prepare on {device.type}:"]
+    lines += [f"  {name + ':':<10} {why}" for name, why in choices.items()]
+    return "\n".join(lines)
 
 
 def cpu_computes_bfloat16() -> bool:
@@ -66,9 +71,54 @@ def cpu_computes_bfloat16() -> bool:
     return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What `prepare` does to a pair on its device, and why (`choices`, for `describe`)."""
+
+    dtype: torch.dtype  # both models' dtype
+    pack: bool  # prepack both models' linear layers (CPU)
+    grouped: bool  # the target's attention becomes GROUPED (CPU)
+    lean: bool  # the draft runs through LeanForward (CPU)
+    static: tuple[str, ...]  # the roles ("target", "draft") put behind StaticForward (GPU)
+    choices: dict[str, str]  # what was chosen -> why, in `describe`'s order
+
+
+def plan(draft_model: PreTrainedModel, target_model: PreTrainedModel, *,
+         dtype: torch.dtype | None = None) -> Plan:
+    """What `prepare` would do to this pair on its device; changes nothing (the benchmark
+    records its choices next to its arms)."""
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating-point torch.dtype or None, got {dtype!r}")
+    device, loaded = model_device(target_model), target_model.dtype
+    if device.type == "cuda":
+        choices = {"dtype": f"{_name(dtype)} (as asked)" if dtype else f"{_name(loaded)} (as loaded)"}
+        static = []
+        for role, model in (("target", target_model), ("draft", draft_model)):
+            reason = static_unsupported(model)
+            choices[role] = f"as loaded ({reason})" if reason else "StaticForward, with CUDA graphs"
+            static += [] if reason else [role]
+        return Plan(dtype or loaded, False, False, False, tuple(static), choices)
+    if dtype is not None:
+        why = "as asked"
+    elif cpu_computes_bfloat16():
+        dtype, why = torch.bfloat16, "the CPU computes it natively"
+    else:
+        dtype, why = loaded, "no native bfloat16 on this CPU"
+    choices = {"dtype": f"{_name(dtype)} ({why}; loaded as {_name(loaded)})"}
+    unpackable = next((r for r in map(packing_unsupported, (draft_model, target_model)) if r), None)
+    choices["linear"] = f"as loaded ({unpackable})" if unpackable else "prepacked by oneDNN, in both models"
+    grouped = hasattr(target_model, "set_attn_implementation")
+    choices["attention"] = (f"target {GROUPED}: each row of a pass is a step's, bit for bit" if grouped
+                            else "target as loaded: greedy exact up to near-ties")
+    not_lean = lean_unsupported(draft_model)
+    choices["draft"] = f"as loaded ({not_lean})" if not_lean else "LeanForward: the cached pass without framework work"
+    choices["target"] = "the model, behind the decoder's CachedForward"
+    return Plan(dtype, unpackable is None, grouped, not_lean is None, (), choices)
+
+
 def prepare(draft_model: PreTrainedModel, target_model: PreTrainedModel, *,
             max_length: int | None = None, dtype: torch.dtype | None = None) -> FastPair:
-    """Put a pair on the fastest path that keeps the decoder exact, in place.
+    """Put a pair on the fastest path that keeps the decoder exact, in place (see `plan`).
 
     Args:
         draft_model, target_model: a pair on one device (as `models.load_pair` returns it).
@@ -87,57 +137,23 @@ def prepare(draft_model: PreTrainedModel, target_model: PreTrainedModel, *,
     if model_device(draft_model) != device:
         raise ValueError(f"draft_model is on {model_device(draft_model)} but target_model on {device}: "
                          "put both on one device before prepare")
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise ValueError(f"dtype must be a floating-point torch.dtype or None, got {dtype!r}")
-    for model in (draft_model, target_model):
-        model.eval()
-    if device.type == "cuda":
-        return _prepare_gpu(draft_model, target_model, max_length, dtype)
-    return _prepare_cpu(draft_model, target_model, dtype)
-
-
-def _prepare_cpu(draft_model: PreTrainedModel, target_model: PreTrainedModel,
-                 dtype: torch.dtype | None) -> FastPair:
-    choices = {}
-    loaded = target_model.dtype
-    if dtype is None:
-        native = cpu_computes_bfloat16()
-        dtype = torch.bfloat16 if native else loaded
-        why = "the CPU computes it natively" if native else "no native bfloat16 on this CPU"
-    else:
-        why = "as asked"
-    for model in (draft_model, target_model):
-        model.to(dtype)
-    choices["dtype"] = f"{str(dtype).removeprefix('torch.')} ({why}; loaded as {str(loaded).removeprefix('torch.')})"
-    reasons = [packing_unsupported(model) for model in (draft_model, target_model)]
-    if all(reason is None for reason in reasons):
-        layers = [pack_linear_layers(model) for model in (draft_model, target_model)]
-        choices["linear"] = f"prepacked by oneDNN ({layers[0]} draft, {layers[1]} target layers)"
-    else:
-        choices["linear"] = f"as loaded: {next(r for r in reasons if r)}"
-    try:
+    chosen = plan(draft_model, target_model, dtype=dtype)
+    choices = dict(chosen.choices)
+    models = {"target": target_model, "draft": draft_model}
+    for model in models.values():
+        model.eval().to(chosen.dtype)
+        if chosen.pack:
+            pack_linear_layers(model)
+    if chosen.grouped:
         use_rowwise_attention(target_model, GROUPED)
-        choices["attention"] = f"target {GROUPED}: each row of a pass is a step's, bit for bit"
-    except ValueError as error:
-        choices["attention"] = f"target as loaded ({error}); greedy exact up to near-ties"
-    reason = lean_unsupported(draft_model)
-    draft = draft_model if reason else LeanForward(draft_model)
-    choices["draft"] = f"as loaded ({reason})" if reason else "LeanForward: the cached pass without framework work"
-    choices["target"] = "the model, behind the decoder's CachedForward"
-    return FastPair(target_model, draft, target_model, draft_model, choices)
-
-
-def _prepare_gpu(draft_model: PreTrainedModel, target_model: PreTrainedModel, max_length: int | None,
-                 dtype: torch.dtype | None) -> FastPair:
-    choices = {}
-    if dtype is not None:
-        for model in (draft_model, target_model):
-            model.to(dtype)
-    choices["dtype"] = str(target_model.dtype).removeprefix("torch.") + (" (as asked)" if dtype else " (as loaded)")
-    sources = {}
-    for role, model in (("target", target_model), ("draft", draft_model)):
-        reason = static_unsupported(model)
-        sources[role] = model if reason else StaticForward(model, max_length, max_graph_tokens=16)
-        choices[role] = (f"as loaded ({reason})" if reason else
-                         f"StaticForward, CUDA graphs, up to {sources[role].max_length} tokens")
+    sources = {role: StaticForward(model, max_length, max_graph_tokens=16) if role in chosen.static else model
+               for role, model in models.items()}
+    if "target" in chosen.static:
+        choices["target"] += f", up to {sources['target'].max_length} tokens"
+    if chosen.lean:
+        sources["draft"] = LeanForward(draft_model)
     return FastPair(sources["target"], sources["draft"], target_model, draft_model, choices)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
