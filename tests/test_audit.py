@@ -1,5 +1,6 @@
 """The exactness audit passes an exact decoder, fails a biased one, and says how much it can see."""
 
+import copy
 import math
 
 import pytest
@@ -22,6 +23,7 @@ from specdec_ref.audit import (
     target_law,
     transformers_assisted,
 )
+from specdec_ref.fast import prepare
 from specdec_ref.sampling import SamplingConfig
 
 PROMPT = torch.tensor([[1, 2, 3]])
@@ -77,10 +79,15 @@ def test_exact_rule_enumerates_to_the_target_law(small_pair, sampling):
     assert law_tv(article, exact) > 0.1
 
 
-def test_audit_passes_the_package_decoder(small_pair):
-    """speculative_generate's first two tokens are consistent with the target's law."""
+@pytest.mark.parametrize("prepared", [False, True], ids=["models", "prepared"])
+def test_audit_passes_the_package_decoder(small_pair, prepared):
+    """speculative_generate's first two tokens are consistent with the target's law, on the
+    models as built and on the path `fast.prepare` sets up (against its prepared target's law)."""
     target, draft = small_pair
     sampling = SamplingConfig()
+    if prepared:
+        fast = prepare(copy.deepcopy(draft), copy.deepcopy(target))
+        target, draft = fast.target_model, fast.draft
 
     def ours(input_ids, generator):
         return speculative_generate(target, draft, input_ids, max_new_tokens=3, num_draft_tokens=2,

@@ -1,5 +1,6 @@
 """The every-token audit passes exact decoders, flags the bugs of popular repositories, and keeps its level."""
 
+import copy
 import os
 from types import SimpleNamespace
 
@@ -10,6 +11,7 @@ from biased import BUGS, StaleCacheForward, buggy_generate
 from specdec_ref import speculative_generate
 from specdec_ref.audit_tokens import FALSE_ALARMS, audit_every_token, token_pits
 from specdec_ref.batched import batched_speculative_generate
+from specdec_ref.fast import prepare
 from specdec_ref.laws import small_random_pair, transformers_assisted
 from specdec_ref.lookup import PromptLookupDrafter
 from specdec_ref.sampling import SamplingConfig, logits_to_probs, sample
@@ -52,6 +54,18 @@ def test_every_token_audit_passes_exact_decoders(pair, name):
     """The package's decoders, and transformers' assisted generation, pass at the recommended size."""
     target, draft = pair
     result = run_audit(exact_decoders(target, draft)[name], target)
+    assert result.passed, result.summary()
+    assert result.num_samples == RUNS * TOKENS and result.detectable_tv < 0.11
+
+
+def test_every_token_audit_passes_the_prepared_path(pair):
+    """The README snippet's path (`fast.prepare`: bfloat16 where native, packed, grouped
+    attention, lean draft) passes against the law of the target it prepared."""
+    target, draft = (copy.deepcopy(model) for model in pair)
+    fast = prepare(draft, target)
+    result = run_audit(lambda ids, g: speculative_generate(fast.target, fast.draft, ids, num_draft_tokens=K,
+                                                           generator=g, max_new_tokens=TOKENS, sampling=WARM),
+                       fast.target_model)
     assert result.passed, result.summary()
     assert result.num_samples == RUNS * TOKENS and result.detectable_tv < 0.11
 
