@@ -16,6 +16,20 @@ its turn, the script asks the page itself and fails when:
   not inside a `<figure>` with a non-empty `<figcaption>`;
 * a code cell's code or output scrolls sideways in a window 1200 pixels wide (the
   narrowest with both sidebars): a line wider than the 80 columns the page shows;
+* a table or a display equation (a `.math` block, or MathJax's
+  `mjx-container[display]` outside one) is clipped or scrolls sideways in that window:
+  its own content is wider than its box (`scrollWidth > clientWidth`), the nearest
+  ancestor that clips or scrolls (`overflow-x` other than visible) is, or its box
+  reaches past the column of the page's content (the article; the main area for a
+  block marked `full-width`). The window is narrower than the 1280 pixels a reader's
+  laptop often has, so what passes here fits there too;
+* an image would look blurred on a high-density screen: at a device pixel ratio of 2
+  each CSS pixel of the page is 2 x 2 screen pixels, so an image needs at least 2
+  pixels of its own per CSS pixel it is drawn across. The rule: fail when
+  `naturalWidth < 2 * rendered width` (1 pixel of slack), that is when its intrinsic
+  width at device pixel ratio 2, `naturalWidth / 2`, is less than its rendered width.
+  Vector images (SVG), images not shown (a collapsed cell: rendered width 0) and icons
+  (rendered under 64 pixels wide or 40 tall, such as the Colab badge) are left out;
 * a request to the local server failed: an HTTP status of 400 or more (a file not
   found), or a network error; each one is listed;
 * a notebook page lacks its Colab button (the launch link in the page header);
@@ -106,9 +120,60 @@ PAGE_REPORT_JS = r"""
   const scrolling = [...content.querySelectorAll('div.cell div.highlight > pre')]
     .filter((p) => p.scrollWidth > p.clientWidth + 1)
     .map((p) => `${widest(p.textContent).length} characters: ${JSON.stringify(widest(p.textContent).slice(0, 50))}`);
+  // Tables and display equations: clipped, scrolling sideways, or past the column.
+  const clipper = (el) => {
+    for (let a = el.parentElement; a && a !== content.parentElement; a = a.parentElement) {
+      if (getComputedStyle(a).overflowX !== 'visible') { return a; }
+    }
+    return null;
+  };
+  const columnOf = (el) => ((el.closest('.full-width') && document.querySelector('.bd-main, main')) || content)
+    .getBoundingClientRect();
+  const overflow = (el) => {
+    const box = el.getBoundingClientRect();
+    if (box.width === 0) { return null; }  // not shown (a collapsed cell)
+    if (el.scrollWidth > el.clientWidth + 1) { return `scrolls sideways (${el.scrollWidth} > ${el.clientWidth} px)`; }
+    const c = clipper(el);
+    if (c && c.scrollWidth > c.clientWidth + 1) {
+      return `its container scrolls or clips (${c.scrollWidth} > ${c.clientWidth} px)`;
+    }
+    const column = columnOf(el);
+    if (box.right > column.right + 1 || box.left < column.left - 1) {
+      return `reaches ${Math.round(Math.max(box.right - column.right, column.left - box.left))} px past the column`;
+    }
+    return null;
+  };
+  const tex = (el) => {
+    try {
+      const items = MathJax.startup.document.getMathItemsWithin(el);
+      if (items.length) { return items[0].math.trim().replace(/\s+/g, ' ').slice(0, 60); }
+    } catch (e) { /* no MathJax: fall back to the text */ }
+    return el.textContent.trim().replace(/\s+/g, ' ').slice(0, 60);
+  };
+  const equations = [...content.querySelectorAll('div.math, mjx-container[display]')]
+    .filter((m) => m.matches('div.math') || !m.closest('div.math'));
+  const clipped = [
+    ...[...content.querySelectorAll('table')].map((t) => [t, 'table', ((t.querySelector('caption, th, td') || t)
+      .textContent || '').trim().replace(/\s+/g, ' ').slice(0, 60)]),
+    ...equations.map((m) => [m, 'display equation', tex(m)]),
+  ].map(([el, kind, name]) => {
+    // An equation is checked as a block and as MathJax's container inside it (which scrolls).
+    const inner = el.matches('div.math') ? el.querySelector('mjx-container') : null;
+    const why = overflow(el) || (inner && overflow(inner));
+    return why && `${kind} ${JSON.stringify(name)}: ${why}`;
+  }).filter(Boolean);
+  // Images drawn wider than half their pixel width: blurred at device pixel ratio 2.
+  const vector = (i) => { const src = i.currentSrc || i.src;
+    return /\.svg(\?|#|$)/i.test(src) || src.startsWith('data:image/svg'); };
+  const blurry = [...content.querySelectorAll('img')].filter((i) => {
+    const box = i.getBoundingClientRect();
+    if (box.width < 64 || box.height < 40 || vector(i) || !i.naturalWidth) { return false; }
+    return i.naturalWidth < 2 * box.width - 1;
+  }).map((i) => `${(i.getAttribute('alt') || i.getAttribute('src') || '').slice(0, 60)}: ${i.naturalWidth} px `
+    + `drawn ${Math.round(i.getBoundingClientRect().width)} px wide`);
   return JSON.stringify({
     title: document.title, math: math.length, untypeset, rawTex, rawMarkdown, images: images.length, broken, colab,
-    noAlt, uncaptioned, scrolling,
+    noAlt, uncaptioned, scrolling, clipped, blurry,
     widgets: placeholders().length, unrenderedWidgets: placeholders().filter((s) => !rendered(s)).length,
     mathjax: !!(window.MathJax && MathJax.version),
   });
@@ -292,6 +357,9 @@ def problems(page: str, notebook: bool, report: dict, offline: bool) -> list[str
     found += [f"image without alt text (or only its file name): {image}" for image in report["noAlt"]]
     found += [f"figure without a caption: {image}" for image in report["uncaptioned"]]
     found += [f"scrolls sideways, a line of {line}" for line in report["scrolling"]]
+    found += [f"clipped or scrolls sideways: {what}" for what in report.get("clipped", [])]
+    found += [f"blurred at device pixel ratio 2 (needs 2 pixels per CSS pixel): {image}"
+              for image in report.get("blurry", [])]
     found += [f"local request failed: {failure}" for failure in report["failed"]]
     if notebook and not any(link.endswith(page.removesuffix(".html") + ".ipynb") for link in report["colab"]):
         found.append("no Colab launch button in the page header")

@@ -7,8 +7,9 @@ book's opening page:
 
 * `marked_text`: the continuation with every token's origin marked, a draft the
   target accepted (plain), drafts it threw away (`~...~`), the target's correction
-  after a rejection (`[...]`) and the bonus token after a fully accepted block
-  (`{...}`); `LEGEND` says so;
+  after a rejection (`[...]`), the bonus token after a fully accepted block
+  (`{...}`) and the token of a plain target step, where the drafter proposed nothing
+  (`<...>`: prompt lookup with no match); `legend` says so;
 * `iteration_lines`: per iteration, what was drafted and what was kept, the way the
   source article prints its "Drafted / Accepted" lines;
 * `stats_lines`: the run's counters, each ratio under its own name (notation page):
@@ -36,6 +37,8 @@ LEGEND = (
     "\N{DOWNWARDS ARROW WITH CORNER LEFTWARDS}: a newline inside a marked token"
 )
 NEWLINE_MARK = "\N{DOWNWARDS ARROW WITH CORNER LEFTWARDS}"
+# The line `legend` adds for a trace with an iteration that drafted nothing.
+STEP_LEGEND = "<...>: a plain target step, where the drafter proposed nothing"
 
 
 def decode(tokens: Sequence[int], tokenizer: object | None = None) -> str:
@@ -53,17 +56,32 @@ def show_tokens(tokens: Sequence[int], tokenizer: object | None = None) -> str:
 
 
 def split_record(record: IterationRecord) -> tuple[list[int], list[int], list[int], str]:
-    """(accepted drafts, discarded drafts, added token, "bonus" | "correction") of one iteration.
+    """(accepted drafts, discarded drafts, added token, kind) of one iteration.
 
-    The added token is the target's own: the correction at the first rejected slot,
-    or the bonus when every draft was accepted. After an EOS the record's `emitted`
-    is cut, so the added token (and even some accepted drafts) may be missing.
+    The added token is the target's own: the correction at the first rejected slot
+    (kind "correction"), the bonus when every one of K >= 1 drafts was accepted
+    ("bonus"), or, when the drafter proposed nothing (K = 0), the token of one plain
+    target step ("target step": no draft was judged, so it is no bonus). After an EOS
+    the record's `emitted` is cut, so the added token (and even some accepted drafts)
+    may be missing.
     """
     k, accepted = len(record.drafted), record.num_accepted
     kept = record.emitted[:accepted]
     added = record.emitted[accepted:accepted + 1]
     discarded = record.drafted[accepted:] if accepted < k and added else []
-    return kept, discarded, added, "bonus" if accepted == k else "correction"
+    kind = "target step" if k == 0 else "bonus" if accepted == k else "correction"
+    return kept, discarded, added, kind
+
+
+def legend(trace: Sequence[IterationRecord]) -> str:
+    """`LEGEND`, with the line for `<...>` when an iteration of `trace` drafted nothing."""
+    if all(record.drafted for record in trace):
+        return LEGEND
+    *markers, newline = LEGEND.splitlines()
+    return "\n".join([*markers, STEP_LEGEND, newline])
+
+
+MARKERS = {"bonus": "{}", "correction": "[]", "target step": "<>"}
 
 
 def _marked(text: str, opening: str, closing: str) -> str:
@@ -91,7 +109,7 @@ def marked_text(trace: Sequence[IterationRecord], tokenizer: object | None = Non
         if discarded:
             parts.append(_marked(decode(discarded, tokenizer), "~", "~"))
         if added:
-            parts.append(_marked(decode(added, tokenizer), *("{}" if kind == "bonus" else "[]")))
+            parts.append(_marked(decode(added, tokenizer), *MARKERS[kind]))
     return "\n".join(piece for line in "".join(parts).split("\n") for piece in _fold(line, width))
 
 
@@ -114,6 +132,8 @@ def iteration_lines(trace: Sequence[IterationRecord], tokenizer: object | None =
 
           1. drafted ' a' ' topic' ' that' ' has'
              accepted 2/4, then correction: ' is'
+          2. drafted nothing
+             a plain target step: ' a'
 
     Lines longer than `width` continue on the next line, indented.
     """
@@ -121,6 +141,10 @@ def iteration_lines(trace: Sequence[IterationRecord], tokenizer: object | None =
     for number, record in enumerate(trace, start=1):
         kept, _, added, kind = split_record(record)
         k = len(record.drafted)
+        if k == 0:  # the drafter proposed nothing: one ordinary step of the target
+            lines += _wrap(f"{number:3d}. drafted nothing", width)
+            lines += _wrap(f"     a plain target step: {show_tokens(added, tokenizer)}", width)
+            continue
         lines += _wrap(f"{number:3d}. drafted {show_tokens(record.drafted, tokenizer)}", width)
         then = f", then {kind}: {show_tokens(added, tokenizer)}" if added else ", then EOS"
         lines += _wrap(f"     accepted {record.num_accepted}/{k}{then}", width)

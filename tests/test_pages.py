@@ -11,14 +11,15 @@ import base64
 import importlib.util
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from specdec_ref import SamplingConfig, speculative_generate
+from specdec_ref import SamplingConfig, speculative_generate, trace
 from specdec_ref.decoder import GenerationStats, IterationRecord
-from specdec_ref.trace import LEGEND, NEWLINE_MARK, iteration_lines, marked_text, split_record, stats_lines
+from specdec_ref.trace import LEGEND, NEWLINE_MARK, STEP_LEGEND, iteration_lines, marked_text, split_record, stats_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -255,6 +256,19 @@ def test_marked_text_marks_each_token_and_keeps_the_text():
     assert split_record(RECORDS[3]) == ([1], [], [], "correction")  # nothing added after the EOS
 
 
+def test_a_step_without_drafts_is_a_plain_target_step_not_a_bonus():
+    """An iteration whose drafter proposed nothing is marked and named a plain target step."""
+    tokenizer = CharTokenizer()
+    records = [IterationRecord(drafted=[], emitted=[2], num_accepted=0), *RECORDS[:1]]
+    assert split_record(records[0]) == ([], [], [2], "target step")
+    assert marked_text(records, tokenizer, width=1000) == "<b>ab~cd~[i]"
+    lines = iteration_lines(records, tokenizer)
+    assert lines[:2] == ["  1. drafted nothing", "     a plain target step: 'b'"]
+    assert not any("bonus" in line for line in lines)
+    assert trace.legend(RECORDS) == LEGEND and STEP_LEGEND in trace.legend(records).splitlines()
+    assert trace.legend(records).splitlines()[-1] == LEGEND.splitlines()[-1]
+
+
 def test_marked_text_folds_long_lines():
     """Every line of the marked text fits the width; a line is cut before a space where it can be."""
     records = [IterationRecord(drafted=[1] * 4, emitted=[1] * 5, num_accepted=4) for _ in range(30)]
@@ -272,10 +286,10 @@ def test_trace_of_a_real_run_is_consistent(tiny_pair):
     output = speculative_generate(target, draft, prompt, max_new_tokens=20, num_draft_tokens=3,
                                   sampling=SamplingConfig(temperature=0.0))
     text = marked_text(output.trace)
-    assert text.count("[") + text.count("{") == output.stats.iterations
+    assert text.count("[") + text.count("{") + text.count("<") == output.stats.iterations
     lines = iteration_lines(output.trace)
     assert len(lines) == 2 * output.stats.iterations and max(map(len, lines)) <= WIDTH
-    assert max(map(len, LEGEND.splitlines())) <= WIDTH
+    assert max(map(len, LEGEND.splitlines())) <= WIDTH and len(STEP_LEGEND) <= WIDTH
 
 
 def test_stats_name_alpha_and_the_acceptance_rate_apart():
@@ -309,7 +323,7 @@ def _browser_check():
 def _report(**changes) -> dict:
     report = {"untypeset": [], "rawTex": [], "rawMarkdown": [], "math": 0, "mathjax": False, "broken": [],
               "colab": [], "unrenderedWidgets": 0, "widgets": 0, "exceptions": [], "refused": [],
-              "noAlt": [], "uncaptioned": [], "scrolling": [], "failed": []}
+              "noAlt": [], "uncaptioned": [], "scrolling": [], "failed": [], "clipped": [], "blurry": []}
     return {**report, **changes}
 
 
@@ -320,8 +334,11 @@ def test_browser_problems_list_each_failed_request_and_unlabelled_image():
     found = check.problems("page.html", False, _report(
         failed=["HTTP 404 http://127.0.0.1:1/a.woff", "net::ERR_FAILED http://127.0.0.1:1/b.css"],
         noAlt=["../_images/x.png (alt \"../_images/x.png\")"], uncaptioned=["plot"],
-        scrolling=['96 characters: "x = 1"']), offline=True)
-    assert len(found) == 5
+        scrolling=['96 characters: "x = 1"'], clipped=['table "Concept": scrolls sideways (900 > 700 px)'],
+        blurry=["plot: 640 px drawn 600 px wide"]), offline=True)
+    assert len(found) == 7
+    assert any("clipped or scrolls sideways: table" in problem for problem in found)
+    assert any("blurred at device pixel ratio 2" in problem for problem in found)
     assert sum("local request failed" in problem for problem in found) == 2
 
 
@@ -333,7 +350,7 @@ PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4
 @pytest.mark.slow
 @pytest.mark.skipif(_browser_check().find_browser() is None, reason="no Chromium on this machine")
 def test_browser_check_fails_on_a_missing_file_and_an_unlabelled_figure(tmp_path, capsys):
-    """A page that asks for a missing file and shows an uncaptioned image with a file-name alt fails."""
+    """A missing file, an uncaptioned image, a wide table or equation and a stretched image fail the page."""
     check = _browser_check()
     (tmp_path / "plot.png").write_bytes(PNG)
     good = ('<html><body><main><article><figure><img src="plot.png" alt="One dot."><figcaption>A dot.'
@@ -343,6 +360,11 @@ def test_browser_check_fails_on_a_missing_file_and_an_unlabelled_figure(tmp_path
     bad = ('<html><head><link rel="stylesheet" href="missing.css"></head><body><main><article>'
            '<div class="cell_output"><img src="plot.png" alt="plot.png"></div>'
            f'<div class="cell"><div class="highlight"><pre>{"x" * 400}</pre></div></div>'
+           f'<div style="overflow-x: auto"><table><tr><th>Wide</th><td style="white-space: nowrap">{"y " * 400}</td>'
+           '</tr></table></div>'
+           f'<div class="math"><span style="white-space: nowrap">{"z " * 400}</span></div>'
+           '<figure><img src="plot.png" alt="One dot, stretched." style="width: 300px; height: 100px">'
+           '<figcaption>Stretched.</figcaption></figure>'
            '</article></main></body></html>')
     (tmp_path / "index.html").write_text(bad)
     capsys.readouterr()
@@ -351,6 +373,8 @@ def test_browser_check_fails_on_a_missing_file_and_an_unlabelled_figure(tmp_path
     assert "local request failed: HTTP 404" in out and "missing.css" in out
     assert "image without alt text" in out and "figure without a caption" in out
     assert "scrolls sideways, a line of 400 characters" in out
+    assert 'clipped or scrolls sideways: table "Wide"' in out and "clipped or scrolls sideways: display equation" in out
+    assert "blurred at device pixel ratio 2" in out and "One dot, stretched.: 1 px drawn 300 px wide" in out
 
 
 def test_widget_images_get_their_cells_alt_text():
@@ -375,3 +399,24 @@ def test_widget_images_get_their_cells_alt_text():
     stored = [raw.astext() for raw in document.findall(nodes.raw) if "widget-image-alt" in raw.astext()]
     assert stored == ['<script type="application/json" class="widget-image-alt">'
                       '"Sliders above a plot <\\/script>"</script>']
+
+
+def test_bibliography_labels_are_the_citations_author_year_labels(monkeypatch):
+    """book/_ext/bib_labels.py labels entries "Chen et al., 2023", with a, b for equal labels."""
+    pytest.importorskip("sphinxcontrib.bibtex")  # the [book] extra
+    from pybtex.database import parse_string
+
+    spec = importlib.util.spec_from_file_location("bib_labels", ROOT / "book" / "_ext" / "bib_labels.py")
+    bib_labels = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bib_labels", bib_labels)  # its dataclass looks itself up there
+    spec.loader.exec_module(bib_labels)
+    bib = parse_string(r"""
+        @article{a, author = {Chen, C. and Borgeaud, S. and Irving, G.}, year = {2023}, title = {A}}
+        @article{b, author = {Li, Yuhui and Wei, Fangyun}, year = {2024}, title = {B}}
+        @article{c, author = {Li, Yuhui and Wei, Fangyun}, year = {2024}, title = {C}}
+        @misc{d, author = {{DeepSeek-AI}}, year = {2024}, title = {D}}
+        @book{e, author = {van der Vaart, Aad W. and Wellner, Jon A.}, year = {1996}, title = {E}}
+        @misc{f, author = {Kaiser, {\L}ukasz}, year = {2017}, title = {F}}""", "bibtex")
+    labels = list(bib_labels.AuthorYearLabelStyle().format_labels(list(bib.entries.values())))
+    assert labels == ["Chen et al., 2023", "Li and Wei, 2024a", "Li and Wei, 2024b", "DeepSeek-AI, 2024",
+                      "van der Vaart and Wellner, 1996", "Kaiser, 2017"]
