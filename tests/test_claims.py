@@ -46,6 +46,12 @@ REQUIRED = {
     "the timing comparison": r"timing comparison",
     "max_new_tokens": r"max_new_tokens",
     "EOS": r"EOS",
+    "the 7B + 70B memory figure": r"150 GB",
+    "batches processed independently": r"batch independently",
+    "drafts 10-100x smaller": r"10-100x",
+    "a lower temperature raises acceptance": r"lower temperature",
+    "context length (8K, 32K)": r"8K.*32K",
+    "the per-token latency target": r"20 ms per token",
 }
 
 
@@ -307,6 +313,25 @@ def test_check_fails_when_a_report_changes(tmp_path, capsys):
     assert "+| 1 |" in err and "1.71x at best" in err  # the appendix's row 1
     assert "**1.71x**" in err  # the README's table
     assert claims_script.main(["--check"]) == 0  # the committed sources still match
+
+
+def test_check_fails_when_a_chapter_output_changes(tmp_path, capsys):
+    """Chapter 5's glued overshoot count changed in a copy of the notebooks: --check fails on row 12's figure."""
+    import shutil
+
+    notebooks = tmp_path / "notebooks"
+    shutil.copytree(ROOT / "notebooks", notebooks, ignore=shutil.ignore_patterns(".*"))
+    path = notebooks / "05-bonus-token-and-kv-cache.ipynb"
+    book = json.loads(path.read_text(encoding="utf-8"))
+    outputs = [o for cell in book["cells"] for o in cell.get("outputs", [])
+               if o.get("metadata", {}).get("scrapbook", {}).get("name") == "overshot_budgets"]
+    assert len(outputs) == 1
+    count = claims_script.ast.literal_eval(outputs[0]["data"][claims_script.GLUE_MIME])
+    outputs[0]["data"][claims_script.GLUE_MIME] = repr(count + 3)
+    path.write_text(json.dumps(book), encoding="utf-8")
+    assert claims_script.main(["--check", "--notebooks", str(notebooks)]) == 1
+    err = capsys.readouterr().err
+    assert f"overshoots {count} of them" in err and f"overshoots {count + 3} of them" in err
 
 
 def test_a_changed_glued_value_changes_the_page(tmp_path):
