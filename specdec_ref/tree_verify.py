@@ -1,0 +1,229 @@
+"""Verify a tree of drafts exactly: recursive rejection sampling over siblings.
+
+A draft tree (`specdec_ref.tree`) gives a node up to w children, drafted from
+the draft model's distribution q at that node; one target pass gives every node
+its own p. Verification walks down from the root. At a node, its children are
+tried in the order they were drawn; an accepted child becomes the next node.
+When every child is rejected, one token is drawn from what is left of p and the
+walk stops; at a leaf, the bonus token is drawn from p.
+
+The sibling rule (recursive rejection sampling: SpecTr, Sun et al. 2023;
+drawing without replacement as in Jeon et al. 2024). The children x_1 .. x_m
+are drawn from q WITHOUT replacement: x_i from q_i, which is q with x_1 ..
+x_{i-1} removed and renormalised (fewer than w children when q has fewer
+tokens). With p_1 = p:
+
+1. accept x_i with probability min(1, p_i(x_i) / q_i(x_i)) and stop;
+2. after a rejection, p_{i+1} = normalize(max(0, p_i - q_i)); try x_{i+1};
+3. if all m children are rejected, emit a token drawn from p_{m+1}.
+
+Why the emitted token follows p. Chapter 4's step works for ANY proposal r:
+draw x ~ r, accept it with probability min(1, pi(x) / r(x)), else draw from
+normalize(max(0, pi - r)); then P(y) = min(pi(y), r(y)) + sum_x max(0, pi(x) -
+r(x)) * residual(y) = pi(y). Here "draw from the residual" is itself such a
+step, with target p_{i+1} and proposal q_{i+1}. Induction on the children left:
+if what follows a rejection emits p_{i+1} exactly, step i emits p_i exactly.
+q_{i+1} depends on the rejected x_i, but p_{i+1} does not, and x_{i+1} was
+drawn from q_{i+1} given x_i, independently of the uniform that rejected x_i:
+the step holds for any proposal, so conditioning on x_i changes nothing. Hence
+the token emitted at a node follows p_1 = p, for any width. A rejected x_i had
+p_i(x_i) < q_i(x_i), so p_{i+1}(x_i) = 0: the residual never returns a token
+already tried, consistent with q_{i+1}(x_i) = 0. A child's subtree was drafted
+given that child alone, so the walk starts afresh at the accepted child, and
+the law of the whole path follows by induction on the depth (the bonus at a
+leaf comes from p there).
+
+Drawing WITH replacement (every q_i = q) is exact by the same argument; without
+replacement never spends a child on a token already rejected, so more children
+are accepted. Drawing without replacement but judging against q instead of q_i
+(the with-replacement rule on distinct children) is biased, and so is
+resampling from p after a rejection (the article's rule): `sibling_law` shows
+both.
+
+Greedy (temperature 0): the children are the draft's top-w tokens; the walk
+follows the child equal to the target's argmax, and emits the argmax where none
+is (the longest path that matches the target's greedy choices).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .rejection import residual_distribution
+from .sampling import draw_device, sample
+
+# The rule after a rejection: "exact" (q_i and p_{i+1} as above); "q" (q for
+# every q_i, on children drawn without replacement: biased); "article"
+# (p_{i+1} = p: biased). Only "exact" is used by the decoder.
+RULES = ("exact", "q", "article")
+
+
+def without(q: torch.Tensor, tried: list[int]) -> torch.Tensor:
+    """q_i: q with the tried tokens removed, renormalised (float64).
+
+    All zeros when the tried tokens hold all of q's mass.
+    """
+    q_i = q.double().clone()  # (V,)
+    q_i[tried] = 0
+    mass = q_i.sum()
+    return q_i / mass if mass > 0 else q_i
+
+
+def draw_children(q: torch.Tensor, width: int,
+                  generator: torch.Generator | None = None) -> list[list[int]]:
+    """Draw up to `width` distinct children per row of q, without replacement.
+
+    Gumbel-top-k (Kool et al. 2019): the order of log q + Gumbel noise is
+    the order of sequential draws, each from q with the earlier ones
+    removed and renormalised (the q_i of the rule). Tokens of zero mass are
+    never drawn, so a row with fewer than `width` such tokens has fewer
+    children.
+
+    Args:
+        q: the draft distributions, shape (M, V).
+        width: w >= 1, the most children per row.
+        generator: the only source of randomness.
+
+    Returns:
+        For each row, its children's tokens in the order they were drawn.
+    """
+    device = draw_device(generator)
+    logq = q.to(device, torch.float64).log()  # (M, V), -inf where q = 0
+    u = torch.rand(logq.shape, dtype=torch.float64, device=device,
+                   generator=generator)  # (M, V)
+    tiny = torch.finfo(torch.float64).tiny
+    gumbel = -(-u.clamp(min=tiny).log()).log()  # (M, V)
+    keys, order = (logq + gumbel).topk(min(width, q.size(-1)), dim=-1)
+    found = keys > -torch.inf  # (M, w)
+    return [[t for t, ok in zip(row, oks, strict=True) if ok]
+            for row, oks in zip(order.tolist(), found.tolist(), strict=True)]
+
+
+def sibling_step(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    children: list[int],
+    generator: torch.Generator | None = None,
+    *,
+    rule: str = "exact",
+) -> tuple[int | None, int, int]:
+    """The sibling rule at one node: try its children in order.
+
+    Args:
+        p: the target's distribution at the node, shape (V,).
+        q: the draft's distribution the children were drawn from, (V,).
+        children: their tokens, drawn from q without replacement.
+        generator: draws the uniforms and the residual token.
+        rule: one of `RULES`; the decoder uses "exact".
+
+    Returns:
+        (index of the accepted child or None, the emitted token: that
+        child or a draw from the last residual, children tried).
+    """
+    device = draw_device(generator)
+    p_i = p.to(device, torch.float64)  # (V,)
+    q = q.to(device, torch.float64)  # (V,)
+    for i, x in enumerate(children):
+        q_i = without(q, children[:i]) if rule != "q" else q / q.sum()
+        u = torch.rand((), dtype=torch.float64, device=device,
+                       generator=generator)
+        # Accept x iff u * q_i(x) < p_i(x): probability min(1, p_i / q_i).
+        if u * q_i[x] < p_i[x]:
+            return i, x, i + 1
+        # Rejected: what is left of p for the next child.
+        if rule != "article":
+            p_i = residual_distribution(p_i, q_i)
+    return None, int(sample(p_i, generator)), len(children)
+
+
+def verify_tree(
+    tokens: list[int],
+    children: list[list[int]],
+    p: torch.Tensor,
+    q: torch.Tensor,
+    generator: torch.Generator | None = None,
+    *,
+    greedy: bool = False,
+    rule: str = "exact",
+) -> tuple[list[int], int, list[int]]:
+    """Walk down a draft tree from its root, node 0.
+
+    Args:
+        tokens: each node's token (the root's is the last one emitted).
+        children: each node's children (node indices), in drawing order.
+        p: the target's distribution at every node, shape (N + 1, V).
+        q: the draft's distribution at every node that has children (the
+            first rows: nodes are numbered level by level), (E, V).
+        generator: the only source of randomness.
+        greedy: follow the target's argmax instead of the sibling rule.
+        rule: one of `RULES` (sampling only).
+
+    Returns:
+        (the accepted nodes, root to deepest; the token emitted after them,
+        a correction or the bonus; children tried at each node visited).
+    """
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    choice = p.argmax(-1).tolist() if greedy else None  # N + 1 ints
+    node, path, tried = 0, [], []
+    while True:
+        kids = children[node]
+        if greedy:
+            # The child the target would pick, if it was drafted.
+            hits = [i for i, c in enumerate(kids) if tokens[c] == choice[node]]
+            index = hits[0] if hits else None
+            tried.append(index + 1 if hits else len(kids))
+            if index is None:
+                return path, choice[node], tried
+        elif not kids:
+            # A leaf (every child accepted): the bonus token from p there.
+            tried.append(0)
+            return path, int(sample(p[node], generator)), tried
+        else:
+            index, token, count = sibling_step(
+                p[node], q[node], [tokens[c] for c in kids], generator,
+                rule=rule)
+            tried.append(count)
+            if index is None:
+                return path, token, tried
+        node = kids[index]
+        path.append(node)
+
+
+def sibling_law(p: torch.Tensor, q: torch.Tensor, width: int, *,
+                rule: str = "exact") -> torch.Tensor:
+    """The exact law of the token emitted at one node, by enumeration.
+
+    Every ordered draw of up to `width` distinct children from q is
+    followed, with every accept / reject branch, in float64.
+
+    Args:
+        p: the target's distribution, shape (V,); q: the draft's, (V,).
+        width: w >= 1, the most children.
+        rule: one of `RULES`; "exact" gives p to rounding.
+
+    Returns:
+        The emitted token's law, shape (V,), float64.
+    """
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    p, q = p.double(), q.double() / q.double().sum()
+    law = torch.zeros_like(p)  # (V,)
+
+    def walk(tried: list[int], p_i: torch.Tensor, reach: float) -> None:
+        # `reach`: the probability that `tried` were drawn and all rejected.
+        q_i = without(q, tried)
+        if len(tried) == width or q_i.sum() == 0:
+            law.add_(reach * p_i)  # no child left: a draw from p_i
+            return
+        judge = q if rule == "q" else q_i
+        after = p if rule == "article" else residual_distribution(p_i, judge)
+        for x in q_i.nonzero().flatten().tolist():
+            drawn = reach * float(q_i[x])
+            accept = min(1.0, float(p_i[x]) / float(judge[x]))
+            law[x] += drawn * accept
+            if accept < 1:
+                walk(tried + [x], after, drawn * (1 - accept))
+
+    walk([], p, 1.0)
+    return law
