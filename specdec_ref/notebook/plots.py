@@ -152,8 +152,8 @@ def plot_distributions(ax, dists: Mapping[str, torch.Tensor], *, decode: Callabl
     if log:
         ax.set_xscale("log")
     ax.set_xlabel("probability")
-    if len(rows) > 1:
-        ax.legend(fontsize=8)
+    if len(rows) > 1:  # outside the axes, right of the bars, where it covers none
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0, frameon=False)
     return ids
 
 
