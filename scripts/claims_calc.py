@@ -173,7 +173,7 @@ def glue_ratio(src: Sources, stem: str, numerator: str, denominator: str) -> flo
     return glued[numerator] / glued[denominator]
 
 
-def _llama(size: str):
+def _llama(size: str) -> Any:
     """Llama 2's published shapes (Touvron et al. 2023): 7B, multi-head; 70B from specdec_ref.memory."""
     from transformers import LlamaConfig
 
