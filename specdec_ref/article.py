@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from .sampling import draw_device
+from .laws import Law, reference_probs
+from .sampling import SamplingConfig, draw_device
 from .validation import check_integer, model_device
 
 
@@ -79,6 +80,11 @@ def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """One multinomial draw, on the generator's device, like the article's."""
     return int(torch.multinomial(probs.to(draw_device(generator)), 1, generator=generator))
+
+
+def _coin(ratio: float, generator: torch.Generator | None) -> bool:
+    """The article's acceptance test, `torch.rand(1) < ratio`: True w.p. min(1, ratio)."""
+    return float(torch.rand(1, generator=generator, device=draw_device(generator))) < ratio
 
 
 @torch.no_grad()
@@ -148,7 +154,8 @@ def article_verify(
 
     Returns:
         The accepted drafts, then one correction (drawn from p, not from the
-        residual) or one bonus token from p_K.
+        residual) or one bonus token from p_K; after a rejection at the last
+        slot, the correction and a "bonus" from p_K (erratum 10).
     """
     drafts = torch.tensor([drafted], dtype=input_ids.dtype, device=input_ids.device)
     sequence = torch.cat([input_ids, drafts], dim=1)  # (1, n + K)
@@ -157,14 +164,16 @@ def article_verify(
     for i, token in enumerate(drafted):
         p = _probs(logits[n - 1 + i], temperature)  # (V,)
         ratio = min(1.0, float(p[token]) / draft_scalars[i])
-        u = float(torch.rand(1, generator=generator, device=draw_device(generator)))
-        if u < ratio:
+        if _coin(ratio, generator):
             emitted.append(token)
             continue
         emitted.append(article_correction(p, logits[n - 1 + i], temperature, generator))
-        return emitted
-    # Every draft accepted: the bonus token from p_K.
-    emitted.append(_draw(_probs(logits[n - 1 + len(drafted)], temperature), generator))
+        break
+    # "All accepted" tested by length (erratum 10): after a rejection at the
+    # last slot the correction makes the length K too, and a "bonus" is drawn
+    # from p_K, the target's distribution after the rejected draft.
+    if len(emitted) == len(drafted):
+        emitted.append(_draw(_probs(logits[n - 1 + len(drafted)], temperature), generator))
     return emitted
 
 
@@ -221,6 +230,97 @@ def article_generate(
         new = torch.tensor([emitted], dtype=input_ids.dtype, device=input_ids.device)
         out.sequences = torch.cat([out.sequences, new], dim=1)
     return out
+
+
+@torch.no_grad()
+def article_law(
+    target_model: PreTrainedModel,
+    draft_model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    *,
+    num_draft_tokens: int,
+    num_tokens: int,
+    temperature: float = 1.0,
+    max_outcomes: int = 1 << 16,
+) -> Law:
+    """The exact law of the first `num_tokens` tokens of `article_generate`, by enumeration.
+
+    Every branch of the article's loop is followed, as `laws.decoder_law` does for
+    the correct one: the drafts, each accept / reject coin, a correction drawn from
+    p after a rejection (erratum 1) and, after a rejection at the last slot, the
+    extra token from the target's distribution after the rejected draft (erratum 10).
+
+    Args:
+        target_model, draft_model: the pair (small vocabulary).
+        input_ids: the prompt, shape (1, n).
+        num_draft_tokens: K >= 1.
+        num_tokens: outcome length; V ** num_tokens must stay <= max_outcomes.
+        temperature: > 0, divides both models' logits.
+        max_outcomes: a guard against enumerations too large to run.
+
+    Returns:
+        {tokens: probability} (float64), to compare with `laws.target_law`.
+    """
+    check_integer("num_draft_tokens", num_draft_tokens, minimum=1)
+    check_integer("num_tokens", num_tokens, minimum=1)
+    vocab = target_model.get_output_embeddings().weight.size(0)
+    if vocab ** num_tokens > max_outcomes:
+        raise ValueError(f"num_tokens = {num_tokens} over a vocabulary of {vocab} gives more than "
+                         f"max_outcomes = {max_outcomes} outcomes: use fewer tokens")
+    sampling, k, rows = SamplingConfig(temperature=temperature), num_draft_tokens, {}
+
+    def p_and_q(context: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        # Both models' distributions after prompt + context, float64, once each.
+        if context not in rows:
+            ids = torch.tensor([context], dtype=input_ids.dtype, device=input_ids.device).view(1, -1)
+            sequence = torch.cat([input_ids, ids], dim=1)  # (1, n + len)
+            rows[context] = tuple(reference_probs(m(sequence, use_cache=False).logits[0, -1], sampling).cpu()
+                                  for m in (target_model, draft_model))  # (V,), (V,)
+        return rows[context]
+
+    law: Law = {}
+
+    def emit(tokens: tuple[int, ...], mass: float) -> None:
+        # `tokens` were emitted with probability `mass`: record them or start a new block.
+        if len(tokens) >= num_tokens:
+            law[tokens[:num_tokens]] = law.get(tokens[:num_tokens], 0.0) + mass
+        else:
+            block(tokens, (), mass)
+
+    def spread(tokens: tuple[int, ...], probs: torch.Tensor, mass: float) -> None:
+        # One more token drawn from `probs`, unless the outcome is already complete.
+        if len(tokens) >= num_tokens:
+            emit(tokens, mass)
+            return
+        for y in probs.nonzero().flatten().tolist():
+            emit(tokens + (y,), mass * float(probs[y]))
+
+    def block(context: tuple[int, ...], drafts: tuple[int, ...], mass: float) -> None:
+        # `drafts`: this block's drafts so far, all accepted (w.p. mass).
+        if len(context) + len(drafts) >= num_tokens:
+            emit(context + drafts, mass)
+            return
+        p, q = p_and_q(context + drafts)
+        if len(drafts) == k:  # all K accepted: the bonus from p_K
+            spread(context + drafts, p, mass)
+            return
+        for x in q.nonzero().flatten().tolist():
+            accept = min(1.0, float(p[x]) / float(q[x]))
+            reject = mass * float(q[x]) * (1 - accept)
+            if accept < 1 and len(drafts) < k - 1:  # the correction from p ends the block
+                spread(context + drafts, p, reject)
+            elif accept < 1 and len(context) + len(drafts) + 1 >= num_tokens:
+                spread(context + drafts, p, reject)  # the extra token lies past the outcome
+            elif accept < 1:
+                # Last slot: the correction from p, then one from p after the rejected x.
+                after = p_and_q(context + drafts + (x,))[0]
+                for y in p.nonzero().flatten().tolist():
+                    spread(context + drafts + (y,), after, reject * float(p[y]))
+            if accept > 0:
+                block(context, drafts + (x,), mass * float(q[x]) * accept)
+
+    block((), (), 1.0)
+    return law
 
 
 def _check(input_ids, max_new_tokens, num_draft_tokens, temperature, generator) -> None:

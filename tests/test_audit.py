@@ -107,7 +107,8 @@ def test_audit_fails_the_article_loop(small_pair):
         return article_generate(target, draft, input_ids, max_new_tokens=2, num_draft_tokens=2, generator=generator)
 
     exact = target_law(target, PROMPT, SamplingConfig(), 2)
-    result = audit(article, PROMPT, exact, num_samples=400, num_tokens=2, generator=torch.Generator().manual_seed(0))
+    # 600 samples: at 400 the lower bound of a TV of 0.22 fell below 0.05 for one seed in eight.
+    result = audit(article, PROMPT, exact, num_samples=600, num_tokens=2, generator=torch.Generator().manual_seed(0))
     assert not result.passed, result
     assert result.tv_lower_bound > 0.05
     # And it is consistent with the law the article's rule predicts.
