@@ -160,6 +160,17 @@ def model_speedup(src: Sources, alpha: float, k: int, c: float, v: float = 1.0) 
     return analysis.expected_speedup(alpha, k, c, lambda _: v)
 
 
+def article_example(src: Sources, field: str, tokens: float = 0.0, pass_ms: float = 100.0) -> float:
+    """The article's worked example (tau_p = 100 ms, tau_q = 8 ms, K = 4, alpha = 0.6), computed:
+    "tokens" per iteration, "ms" per token or "speedup"; `tokens` replaces E[tokens] (its rounded
+    2.2), `pass_ms` the verification pass (its 105 ms)."""
+    from specdec_ref import analysis
+
+    tokens = tokens or analysis.expected_tokens(0.6, 4)
+    ms = (4 * 8.0 + pass_ms) / tokens
+    return {"tokens": tokens, "ms": ms, "speedup": 100.0 / ms}[field]
+
+
 def optimal_k(src: Sources, alpha: float, c: float, max_k: int = 16) -> int:
     """The K the performance model finds fastest, with v(K) = 1."""
     from specdec_ref import analysis
@@ -211,7 +222,7 @@ def llama_pair_gb(src: Sources, context: int = 0) -> float:
 CALCS: dict[str, Callable[..., Any]] = {function.__name__: function for function in (
     best_k, best_speedup, ms_per_token, bench_v, tokens_model_gap, sweep_ms, sweep_c, sweep_v, sweep_params,
     sweep_speedup, arm_gain, model_gap, headline_gap, overhead_range,
-    pair_speedup, pair_steps, pair_best_k, model_speedup, optimal_k, glue_ratio, llama_gb, llama_pass,
+    pair_speedup, pair_steps, pair_best_k, model_speedup, article_example, optimal_k, glue_ratio, llama_gb, llama_pass,
     llama_pair_gb)}
 CALCS["llama_v"] = lambda src, context, k: llama_pass(src, "70b", context, k + 1) / llama_pass(src, "70b", context)
 CALCS["llama_c"] = lambda src, context: llama_pass(src, "7b", context) / llama_pass(src, "70b", context)
