@@ -4,7 +4,7 @@ import functools
 
 import pytest
 import torch
-from conftest import chi_square_pvalue, exact_joint_law, make_model
+from conftest import chi_square_pvalue, exact_joint_law, generator_on, make_model
 from scipy.stats import chisquare
 from transformers import DynamicCache
 
@@ -94,10 +94,10 @@ def test_greedy_chain_shaped_tree_is_the_chain(close_pair):
 
 
 @pytest.mark.parametrize("widths", [(1,), (2, 2), (3, 2, 1), (4,)])
-def test_greedy_matches_target_generate(close_pair, widths):
+def test_greedy_matches_target_generate(close_pair, widths, device):
     """Temperature 0: token for token transformers' greedy generate, with paths off the first child."""
-    target, draft = close_pair
-    prompt = torch.tensor([[3, 4, 5, 6, 7]])
+    target, draft = (model.to(device) for model in close_pair)
+    prompt = torch.tensor([[3, 4, 5, 6, 7]], device=device)
     expected = target.generate(prompt, max_new_tokens=60, min_new_tokens=60, do_sample=False)
     out = tree_speculative_generate(target, draft, prompt, max_new_tokens=60, widths=widths, sampling=GREEDY)
     assert torch.equal(out.sequences, expected)
@@ -107,14 +107,15 @@ def test_greedy_matches_target_generate(close_pair, widths):
 
 
 @pytest.mark.parametrize("rule", ["exact", "q", "article"])
-def test_sampling_matches_target_law(monkeypatch, rule):
+def test_sampling_matches_target_law(monkeypatch, rule, device):
     """The joint law of the first 3 tokens is the target's (chi-square); the biased sibling rules fail it."""
     vocab = 6
     target, draft = small_random_pair(vocab, seed=0)
     prompt = torch.tensor([[0, 1]])
-    law = exact_joint_law(target, prompt, WARM, 3, vocab)
+    law = exact_joint_law(target, prompt, WARM, 3, vocab)  # on the CPU
+    target, draft, prompt = target.to(device), draft.to(device), prompt.to(device)
     monkeypatch.setattr(tree_module, "verify_tree", functools.partial(verify_tree, rule=rule))
-    generator = torch.Generator().manual_seed(5)
+    generator = generator_on(device, 5)
     samples, accepted = [], 0
     for _ in range(1200 if rule == "exact" else 300):
         out = tree_speculative_generate(target, draft, prompt, max_new_tokens=3, widths=(3, 2), sampling=WARM,
@@ -142,12 +143,11 @@ def assert_cache_is_fresh(forward: TreeForward, sequence: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("widths", [(3, 2, 1), (2, 2, 2)])
-def test_compacted_caches_match_a_fresh_pass(close_pair, widths):
+def test_compacted_caches_match_a_fresh_pass(close_pair, widths, device):
     """After every step (none, some or all accepted, paths off the first child), both caches are exact."""
-    target = TreeForward(close_pair[0])
-    draft = TreeForward(close_pair[1])
-    sequence = torch.tensor([[5, 6, 7, 8]])
-    generator = torch.Generator().manual_seed(0)
+    target, draft = (TreeForward(model.to(device)) for model in close_pair)
+    sequence = torch.tensor([[5, 6, 7, 8]], device=device)
+    generator = generator_on(device, 0)
     seen = set()
     for _ in range(12):
         sequence, record, _ = tree_speculative_step(target, draft, sequence, widths, WARM, generator)
