@@ -38,7 +38,8 @@ replacement never spends a child on a token already rejected, so more children
 are accepted. Drawing without replacement but judging against q instead of q_i
 (the with-replacement rule on distinct children) is biased, and so is
 resampling from p after a rejection (the article's rule): `sibling_law` shows
-both.
+both. `tree_law` enumerates the law of the tree decoder's first tokens; with
+the exact rule it is the target's own (`laws.target_law`), to rounding.
 
 Greedy (temperature 0): the children are the draft's top-w tokens; the walk
 follows the child equal to the target's argmax, and emits the argmax where none
@@ -48,9 +49,11 @@ is (the longest path that matches the target's greedy choices).
 from __future__ import annotations
 
 import torch
+from transformers import PreTrainedModel
 
+from .laws import reference_probs
 from .rejection import residual_distribution
-from .sampling import draw_device, sample
+from .sampling import SamplingConfig, draw_device, sample
 
 # The rule after a rejection: "exact" (q_i and p_{i+1} as above); "q" (q for
 # every q_i, on children drawn without replacement: biased); "article"
@@ -190,40 +193,117 @@ def verify_tree(
         path.append(node)
 
 
-def sibling_law(p: torch.Tensor, q: torch.Tensor, width: int, *,
-                rule: str = "exact") -> torch.Tensor:
-    """The exact law of the token emitted at one node, by enumeration.
+def sibling_outcomes(p: torch.Tensor, q: torch.Tensor, width: int, *,
+                     rule: str = "exact") -> tuple[torch.Tensor, torch.Tensor]:
+    """What the sibling rule does at one node, by exact enumeration.
 
     Every ordered draw of up to `width` distinct children from q is
-    followed, with every accept / reject branch, in float64.
+    followed, with every accept / reject branch, in float64. Which token
+    was accepted is all that matters below the node: the accepted child's
+    subtree was drafted given that token alone.
 
     Args:
         p: the target's distribution, shape (V,); q: the draft's, (V,).
         width: w >= 1, the most children.
-        rule: one of `RULES`; "exact" gives p to rounding.
+        rule: one of `RULES`.
 
     Returns:
-        The emitted token's law, shape (V,), float64.
+        (accepted, corrected), each (V,) float64: the probability that a
+        child with token x is accepted, and that all children are rejected
+        and y is drawn from the last residual. They sum to 1 over both.
     """
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
     p, q = p.double(), q.double() / q.double().sum()
-    law = torch.zeros_like(p)  # (V,)
+    accepted, corrected = torch.zeros_like(p), torch.zeros_like(p)  # (V,)
 
     def walk(tried: list[int], p_i: torch.Tensor, reach: float) -> None:
         # `reach`: the probability that `tried` were drawn and all rejected.
         q_i = without(q, tried)
         if len(tried) == width or q_i.sum() == 0:
-            law.add_(reach * p_i)  # no child left: a draw from p_i
+            corrected.add_(reach * p_i)  # no child left: a draw from p_i
             return
         judge = q if rule == "q" else q_i
         after = p if rule == "article" else residual_distribution(p_i, judge)
         for x in q_i.nonzero().flatten().tolist():
             drawn = reach * float(q_i[x])
             accept = min(1.0, float(p_i[x]) / float(judge[x]))
-            law[x] += drawn * accept
+            accepted[x] += drawn * accept
             if accept < 1:
                 walk(tried + [x], after, drawn * (1 - accept))
 
     walk([], p, 1.0)
+    return accepted, corrected
+
+
+def sibling_law(p: torch.Tensor, q: torch.Tensor, width: int, *,
+                rule: str = "exact") -> torch.Tensor:
+    """The law of the token emitted at one node (accepted child or
+    correction), shape (V,) float64: p itself for the "exact" rule."""
+    accepted, corrected = sibling_outcomes(p, q, width, rule=rule)
+    return accepted + corrected
+
+
+@torch.no_grad()
+def tree_law(target_model: PreTrainedModel, draft_model: PreTrainedModel,
+             input_ids: torch.Tensor, widths: tuple[int, ...], *,
+             sampling: SamplingConfig = SamplingConfig(), num_tokens: int = 1,
+             rule: str = "exact") -> dict[tuple[int, ...], float]:
+    """The exact law of the tree decoder's first `num_tokens` tokens.
+
+    Follows `tree.tree_speculative_generate` with max_new_tokens =
+    num_tokens: at each node, `sibling_outcomes`; an accepted child goes
+    one level down, a correction or a bonus (below the last level) ends
+    the block, and the next block's tree is cut to the budget left. One
+    pass of each model per context, as `laws.target_law` makes (keep
+    V ** num_tokens small).
+
+    Returns:
+        {tokens: probability} (float64); "exact" gives `laws.target_law`.
+    """
+    if sampling.greedy:
+        raise ValueError("sampling must have temperature > 0: a greedy "
+                         "decoder has no law to enumerate")
+    probs: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def p_and_q(context: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+        # Both models' processed distributions after prompt + context.
+        if context not in probs:
+            tail = torch.tensor([context], dtype=input_ids.dtype)
+            ids = torch.cat([input_ids, tail.to(input_ids.device)], dim=1)
+            probs[context] = tuple(
+                reference_probs(model(ids).logits[0, -1], sampling).cpu()
+                for model in (target_model, draft_model))
+        return probs[context]
+
+    law: dict[tuple[int, ...], float] = {}
+
+    def emit(context: tuple[int, ...], mass: float) -> None:
+        # `context` was emitted with probability `mass`: a new block.
+        if len(context) >= num_tokens:
+            key = context[:num_tokens]
+            law[key] = law.get(key, 0.0) + mass
+        else:
+            depth = min(len(widths), num_tokens - len(context) - 1)
+            node(context, widths[:depth], mass)
+
+    def node(context: tuple[int, ...], levels: tuple[int, ...],
+             mass: float) -> None:
+        # A node reached with probability `mass`; `levels` are below it.
+        p, q = p_and_q(context)
+        if not levels:
+            # A leaf: the bonus token from p.
+            for y in p.nonzero().flatten().tolist():
+                emit(context + (y,), mass * float(p[y]))
+            return
+        accepted, corrected = sibling_outcomes(p, q, levels[0], rule=rule)
+        for y in corrected.nonzero().flatten().tolist():
+            emit(context + (y,), mass * float(corrected[y]))
+        for x in accepted.nonzero().flatten().tolist():
+            if len(context) + 1 >= num_tokens:
+                emit(context + (x,), mass * float(accepted[x]))
+            else:
+                node(context + (x,), levels[1:], mass * float(accepted[x]))
+
+    emit((), 1.0)
     return law

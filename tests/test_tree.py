@@ -11,9 +11,9 @@ from transformers import DynamicCache
 import specdec_ref.tree as tree_module
 from specdec_ref import SamplingConfig, speculative_generate
 from specdec_ref.audit_tokens import audit_every_token
-from specdec_ref.laws import small_random_pair
+from specdec_ref.laws import law_tv, small_random_pair, target_law
 from specdec_ref.tree import DraftTree, TreeForward, tree_speculative_generate, tree_speculative_step
-from specdec_ref.tree_verify import draw_children, sibling_law, sibling_step, verify_tree, without
+from specdec_ref.tree_verify import draw_children, sibling_law, sibling_step, tree_law, verify_tree, without
 
 GREEDY = SamplingConfig(temperature=0.0)
 WARM = SamplingConfig()
@@ -46,6 +46,23 @@ def test_enumeration_shows_the_biased_sibling_rules(rule):
     """Judging distinct children against q instead of q_i, or resampling from p: far from p."""
     worst = max(0.5 * float((sibling_law(p, q, 2, rule=rule) - p).abs().sum()) for p, q in random_pairs(60, 5))
     assert worst > 0.1
+
+
+@pytest.mark.parametrize("sampling", [WARM, SamplingConfig(0.7, top_k=3)])
+def test_tree_law_is_the_target_law(sampling):
+    """By enumeration on a random pair: the tree decoder's first 3 tokens follow the target's law to 1e-12
+    for several shapes (budget cuts included); the biased rules do not."""
+    target, draft = small_random_pair(5, seed=1)
+    prompt = torch.tensor([[0, 1]])
+    expected = target_law(target, prompt, sampling, 3)
+    for widths in [(1,), (2, 2), (3, 1), (2, 1, 1), (4, 3)]:
+        law = tree_law(target, draft, prompt, widths, sampling=sampling, num_tokens=3)
+        assert max(abs(law.get(o, 0.0) - expected.get(o, 0.0)) for o in set(law) | set(expected)) < 1e-12
+        assert law_tv(tree_law(target, draft, prompt, widths, sampling=sampling, num_tokens=3, rule="article"),
+                      expected) > 0.005
+        if max(widths) > 1:  # with one child, q_1 = q: the two rules agree
+            assert law_tv(tree_law(target, draft, prompt, widths, sampling=sampling, num_tokens=3, rule="q"),
+                          expected) > 0.005
 
 
 def test_draw_children_is_sampling_without_replacement():
