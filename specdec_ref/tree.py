@@ -164,10 +164,16 @@ class TreeForward:
             raise ValueError(f"the cache holds {seen} entries; nodes "
                              f"{first}..{last - 1} need {need}")
         allowed, positions = tree_attention(tree, before, start, first, last)
-        # An additive float mask: 0 where allowed, the dtype's min elsewhere.
+        # An additive float mask: 0 where allowed, the dtype's min elsewhere;
+        # none where it is causal (a chain), so the model takes its own.
         dtype, device = self.model.dtype, sequence.device
-        mask = torch.zeros(allowed.shape, dtype=dtype)  # (rows, keys)
-        mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)
+        rows, keys = allowed.shape
+        causal = torch.ones(rows, keys, dtype=torch.bool).tril(keys - rows)
+        mask = None
+        if not torch.equal(allowed, causal):
+            mask = torch.zeros(rows, keys, dtype=dtype)  # (rows, keys)
+            mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)
+            mask = mask[None, None].to(device)  # (1, 1, rows, keys)
         ids = sequence[0, start:before].tolist()
         ids += [tree.tokens[node] for node in range(first, last)]
         kwargs = {self._cache_kwarg: self.cache, "use_cache": True}
@@ -176,7 +182,7 @@ class TreeForward:
         self.forward_calls += 1
         logits = self.model(
             torch.tensor([ids], device=device),
-            attention_mask=mask[None, None].to(device),  # (1, 1, rows, keys)
+            attention_mask=mask,
             position_ids=torch.tensor([positions], device=device),
             **kwargs).logits  # (1, rows or last - first, V)
         return logits[0, first - last:]  # (last - first, V)
