@@ -7,11 +7,12 @@ tried in the order they were drawn; an accepted child becomes the next node.
 When every child is rejected, one token is drawn from what is left of p and the
 walk stops; at a leaf, the bonus token is drawn from p.
 
-The sibling rule (recursive rejection sampling: SpecTr, Sun et al. 2023;
-drawing without replacement as in Jeon et al. 2024). The children x_1 .. x_m
-are drawn from q WITHOUT replacement: x_i from q_i, which is q with x_1 ..
-x_{i-1} removed and renormalised (fewer than w children when q has fewer
-tokens). With p_1 = p:
+The sibling rule: recursive rejection sampling (SpecInfer's multi-step
+speculative sampling, Miao et al. 2024, draws the children with replacement;
+drawing them without replacement follows Jeon et al. 2024, Recursive
+Speculative Decoding). The children x_1 .. x_m are drawn from q WITHOUT
+replacement: x_i from q_i, which is q with x_1 .. x_{i-1} removed and
+renormalised (fewer than w children when q has fewer tokens). With p_1 = p:
 
 1. accept x_i with probability min(1, p_i(x_i) / q_i(x_i)) and stop;
 2. after a rejection, p_{i+1} = normalize(max(0, p_i - q_i)); try x_{i+1};
@@ -179,7 +180,7 @@ def verify_tree(
             if index is None:
                 return path, choice[node], tried
         elif not kids:
-            # A leaf (every child accepted): the bonus token from p there.
+            # A leaf, at the last level: the bonus token from p there.
             tried.append(0)
             return path, int(sample(p[node], generator)), tried
         else:
