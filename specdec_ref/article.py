@@ -23,6 +23,11 @@ What is kept from the article, each on purpose (line numbers refer to its file):
 6. Erratum 7, "acceptance rate" (lines 189-190 and 217): every emitted token counts
    as accepted, the correction and bonus included, so `accepted / drafted` can
    exceed 1.
+7. Erratum 10, the bonus test: "all drafts accepted" is tested by length,
+   `len(accepted_tokens) == len(draft_tokens)`, which also holds after a rejection
+   at the last slot (K - 1 accepted drafts and the correction). A "bonus" is then
+   drawn from p_K, the target's distribution after the rejected draft: at K = 1
+   every block emits two tokens. `article_law` gives the law this loop emits.
 
 Two changes make it measurable, and neither changes its law: randomness comes only
 from the `generator` argument (the article uses the global RNG), and a
@@ -157,7 +162,8 @@ def article_verify(
         residual) or one bonus token from p_K; after a rejection at the last
         slot, the correction and a "bonus" from p_K (erratum 10).
     """
-    drafts = torch.tensor([drafted], dtype=input_ids.dtype, device=input_ids.device)
+    drafts = torch.tensor([drafted], dtype=input_ids.dtype,
+                          device=input_ids.device)  # (1, K)
     sequence = torch.cat([input_ids, drafts], dim=1)  # (1, n + K)
     logits = target_model(sequence, use_cache=False).logits[0]  # (n + K, V)
     n, emitted = input_ids.size(1), []
@@ -167,13 +173,15 @@ def article_verify(
         if _coin(ratio, generator):
             emitted.append(token)
             continue
-        emitted.append(article_correction(p, logits[n - 1 + i], temperature, generator))
+        emitted.append(article_correction(p, logits[n - 1 + i], temperature,
+                                          generator))
         break
     # "All accepted" tested by length (erratum 10): after a rejection at the
     # last slot the correction makes the length K too, and a "bonus" is drawn
     # from p_K, the target's distribution after the rejected draft.
     if len(emitted) == len(drafted):
-        emitted.append(_draw(_probs(logits[n - 1 + len(drafted)], temperature), generator))
+        bonus = _probs(logits[n - 1 + len(drafted)], temperature)  # (V,)
+        emitted.append(_draw(bonus, generator))
     return emitted
 
 

@@ -32,14 +32,14 @@ def speculative_sample(
     sampling: SamplingConfig = SamplingConfig(),
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Speculative sampling: `ids` (n,) and `max_new_tokens` more, distributed as the target's.
+    """Speculative sampling: `ids` and `max_new_tokens` more, as the target's.
 
     Args:
         target, draft: token ids (L,) -> logits (L, V), one row per position.
         ids: the prompt, shape (n,).
         max_new_tokens: exactly this many tokens are added.
-        k: drafts per block (fewer near the end, so as never to pass the budget).
-        sampling: temperature / top-k / top-p for both models (temperature 0: greedy).
+        k: drafts per block (fewer near the end, never past the budget).
+        sampling: temperature / top-k / top-p for both models (T = 0: greedy).
         generator: the only source of randomness.
 
     Returns:
@@ -60,11 +60,11 @@ def speculative_sample(
         # 2. One target pass scores every draft and the bonus: p_0 .. p_k_now.
         p = probs(target(drafts)[-(k_now + 1):])  # (k_now + 1, V)
         # 3. Keep x_i while u_i q_i(x_i) < p_i(x_i): probability min(1, p / q).
-        u = torch.rand(k_now, dtype=torch.float64, generator=generator)  # (k_now,)
+        u = torch.rand(k_now, dtype=torch.float64, generator=generator)
         a = 0
         while a < k_now and u[a] * q[a][x[a]] < p[a, x[a]]:
             a += 1
-        # 4. A correction from the residual max(0, p - q) normalized, or the bonus.
+        # 4. A correction from the residual max(0, p - q), or the bonus.
         last = p[a]  # (V,) the bonus token's p_k when all k_now were kept
         if a < k_now:
             last = (p[a] - q[a]).clamp(min=0)
