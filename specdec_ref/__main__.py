@@ -28,7 +28,7 @@ from .decoder import autoregressive_generate, speculative_generate
 from .fast import FastPair, prepare
 from .sampling import SamplingConfig
 from .timing import time_call
-from .trace import LEGEND, iteration_lines, marked_text, show_tokens, stats_lines
+from .trace import iteration_lines, legend, marked_text, show_tokens, stats_lines
 
 
 def time_against_target(pair: BenchPair, fast: FastPair, prompt: torch.Tensor, *, max_new_tokens: int, k: int,
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     output = speculative_generate(fast.target, fast.draft, prompt, max_new_tokens=args.max_new_tokens,
                                   num_draft_tokens=args.k, sampling=sampling, generator=generator)
     print("\n".join(iteration_lines(output.trace, pair.tokenizer, width=120)))
-    print(f"\nthe continuation, each token's origin marked:\n{LEGEND}\n")
+    print(f"\nthe continuation, each token's origin marked:\n{legend(output.trace)}\n")
     print(marked_text(output.trace, pair.tokenizer, width=120))
     print()
     print("\n".join(stats_lines(output.stats)))

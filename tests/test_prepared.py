@@ -107,3 +107,19 @@ def test_a_wrong_draft_argument_names_what_is_allowed():
     _, target = llama_pair()
     with pytest.raises(TypeError, match="draft_model must be a transformers PreTrainedModel, a logits source"):
         speculative_generate(target, "gpt2", torch.tensor([[5, 6]]), max_new_tokens=4)
+
+
+def test_the_rotary_frequencies_stay_float32_as_from_pretrained_keeps_them(tmp_path):
+    """A pair prepared in bfloat16 decodes as the same pair loaded in bfloat16: a plain
+    `.to(bfloat16)` would round the rotary frequencies and move greedy near-ties."""
+    from transformers import LlamaForCausalLM
+
+    draft, target = llama_pair()
+    target.save_pretrained(tmp_path)
+    loaded = LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    before = target.model.rotary_emb.inv_freq.clone()
+    prepare(draft, target, dtype=torch.bfloat16)
+    assert target.model.rotary_emb.inv_freq.dtype == torch.float32
+    assert torch.equal(target.model.rotary_emb.inv_freq, before)
+    assert torch.equal(target.model.rotary_emb.inv_freq, loaded.model.rotary_emb.inv_freq)
+    assert all(p.dtype == torch.bfloat16 for p in target.parameters())

@@ -141,7 +141,7 @@ def prepare(draft_model: PreTrainedModel, target_model: PreTrainedModel, *,
     choices = dict(chosen.choices)
     models = {"target": target_model, "draft": draft_model}
     for model in models.values():
-        model.eval().to(chosen.dtype)
+        cast(model.eval(), chosen.dtype)
         if chosen.pack:
             pack_linear_layers(model)
     if chosen.grouped:
@@ -153,6 +153,19 @@ def prepare(draft_model: PreTrainedModel, target_model: PreTrainedModel, *,
     if chosen.lean:
         sources["draft"] = LeanForward(draft_model)
     return FastPair(sources["target"], sources["draft"], target_model, draft_model, choices)
+
+
+def cast(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
+    """`model.to(dtype)`, keeping the rotary tables' frequencies in float32, as
+    `from_pretrained(..., dtype=dtype)` does: rounded to bfloat16 they move the
+    angles enough to flip greedy near-ties (a model loaded in bfloat16 and one cast
+    to it would then decode differently)."""
+    kept = {name: buffer for name, buffer in model.named_buffers() if name.endswith("inv_freq")}
+    model.to(dtype)
+    for name, buffer in kept.items():
+        owner, _, attribute = name.rpartition(".")
+        model.get_submodule(owner)._buffers[attribute] = buffer
+    return model
 
 
 def _name(dtype: torch.dtype) -> str:
