@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from conftest import generator_on, make_model, noisy_copy
+from conftest import generator_on, make_model, noisy_copy, through
 from transformers import (
     Gemma2Config,
     Gemma2ForCausalLM,
@@ -62,17 +62,22 @@ def greedy_reference(model, prompt, n):
 
 
 @needs_past_recording
+@pytest.mark.parametrize("path", ["models", "prepared"])
 @pytest.mark.parametrize("family", ["mistral", "gemma2", "gemma3"])
-def test_sliding_window_greedy_matches_target_generate(family, device):
-    """K=3, 60 tokens, window 6: rollbacks far past the window give generate's tokens."""
+def test_sliding_window_greedy_matches_target_generate(family, device, path):
+    """K=3, 60 tokens, window 6: rollbacks far past the window give generate's tokens, on the
+    models as built and on the path `fast.prepare` sets up (its own target's generate)."""
     target = sliding_model(family)
     draft = noisy_copy(target, noise=0.1, seed=3).to(device)
     target = target.to(device)
     prompt = torch.tensor([[3, 4, 5]], device=device)
-    expected = greedy_reference(target, prompt, 60)
     # The window really shapes the output: without it, greedy decoding differs.
-    assert not torch.equal(expected, greedy_reference(sliding_model(family, window=4096).to(device), prompt, 60))
-    out = speculative_generate(target, draft, prompt, max_new_tokens=60, num_draft_tokens=3, sampling=GREEDY)
+    assert not torch.equal(greedy_reference(target, prompt, 60),
+                           greedy_reference(sliding_model(family, window=4096).to(device), prompt, 60))
+    route = through(path, target, draft, max_length=63, sampling=GREEDY)
+    expected = greedy_reference(route.target_model, prompt, 60)
+    out = speculative_generate(route.target, route.draft, prompt, max_new_tokens=60, num_draft_tokens=3,
+                               sampling=GREEDY)
     assert torch.equal(out.sequences, expected)
     assert 0 < out.stats.accepted_tokens < out.stats.judged_tokens  # rejections, hence rollbacks
 

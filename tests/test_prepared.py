@@ -123,3 +123,19 @@ def test_the_rotary_frequencies_stay_float32_as_from_pretrained_keeps_them(tmp_p
     assert torch.equal(target.model.rotary_emb.inv_freq, before)
     assert torch.equal(target.model.rotary_emb.inv_freq, loaded.model.rotary_emb.inv_freq)
     assert all(p.dtype == torch.bfloat16 for p in target.parameters())
+
+
+def test_a_sliding_window_target_keeps_its_attention_and_dtype(monkeypatch):
+    """GROUPED attention falls back to sdpa under a sliding window (and cannot soft-cap), so
+    rows are no longer bitwise a step's: prepare then keeps the attention and the dtype
+    (its greedy exactness is tested in test_edges' sliding-window test)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    monkeypatch.setattr(prepared_module, "cpu_computes_bfloat16", lambda: True)
+    config = MistralConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=6)
+    target, draft = MistralForCausalLM(config).eval(), MistralForCausalLM(config).eval()
+    fast = prepare(draft, target)
+    assert target.dtype == torch.float32 and target.config._attn_implementation != GROUPED
+    assert "sliding window" in fast.choices["attention"] and "needs grouped" in fast.choices["dtype"]
+    assert all(len(line) <= 80 for line in fast.describe().splitlines())

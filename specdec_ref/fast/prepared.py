@@ -8,7 +8,9 @@ for the device the models are on, without a reader having to assemble them:
   or AMX; elsewhere the dtype as loaded), their linear layers prepacked by oneDNN, the
   target's attention grouped and eager (`batch_invariant.GROUPED`: each row of a
   verification pass is bitwise a one-token step's, so greedy output is the target's
-  own greedy output token for token), and a Llama-style draft run by `LeanForward`;
+  own greedy output token for token), and a Llama-style draft run by `LeanForward`.
+  A target whose attention GROUPED cannot take over (a sliding window, soft-capped
+  logits) keeps its attention and its dtype: in bfloat16 its near-ties would flip;
 * on a GPU: both models behind `StaticForward`, a static KV cache whose decoding
   passes are replayed as CUDA graphs, in the dtype they were loaded in.
 
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from ..kv_cache import LogitsSource
+from ..kv_cache import LogitsSource, uses_sliding_window
 from ..validation import model_device
 from .batch_invariant import GROUPED, use_rowwise_attention
 from .blocks import static_unsupported
@@ -83,6 +85,21 @@ class Plan:
     choices: dict[str, str]  # what was chosen -> why, in `describe`'s order
 
 
+def grouped_unsupported(model: PreTrainedModel) -> str | None:
+    """Why the GROUPED attention cannot make every row of `model`'s passes bitwise a
+    one-token step's (None: it can). It falls back to sdpa under a sliding window and
+    cannot soft-cap attention logits."""
+    config = getattr(model.config, "text_config", model.config)
+    if not hasattr(model, "set_attn_implementation"):
+        return "this transformers cannot switch the attention"
+    window = getattr(config, "sliding_window", None)  # Qwen2 sets one that it does not use
+    if uses_sliding_window(config) or (window and getattr(config, "use_sliding_window", True)):
+        return "a sliding window"
+    if getattr(config, "attn_logit_softcapping", None):
+        return "soft-capped attention logits"
+    return None
+
+
 def plan(draft_model: PreTrainedModel, target_model: PreTrainedModel, *,
          dtype: torch.dtype | None = None) -> Plan:
     """What `prepare` would do to this pair on its device; changes nothing (the benchmark
@@ -98,8 +115,11 @@ def plan(draft_model: PreTrainedModel, target_model: PreTrainedModel, *,
             choices[role] = f"as loaded ({reason})" if reason else "StaticForward, with CUDA graphs"
             static += [] if reason else [role]
         return Plan(dtype or loaded, False, False, False, tuple(static), choices)
+    not_grouped = grouped_unsupported(target_model)
     if dtype is not None:
         why = "as asked"
+    elif not_grouped:  # bfloat16 near-ties would flip greedy tokens
+        dtype, why = loaded, "bfloat16 needs grouped attention"
     elif cpu_computes_bfloat16():
         dtype, why = torch.bfloat16, "the CPU computes it natively"
     else:
@@ -107,13 +127,12 @@ def plan(draft_model: PreTrainedModel, target_model: PreTrainedModel, *,
     choices = {"dtype": f"{_name(dtype)} ({why}; loaded as {_name(loaded)})"}
     unpackable = next((r for r in map(packing_unsupported, (draft_model, target_model)) if r), None)
     choices["linear"] = f"as loaded ({unpackable})" if unpackable else "prepacked by oneDNN, in both models"
-    grouped = hasattr(target_model, "set_attn_implementation")
-    choices["attention"] = (f"target {GROUPED}: each row of a pass is a step's, bit for bit" if grouped
-                            else "target as loaded: greedy exact up to near-ties")
+    choices["attention"] = (f"target as loaded ({not_grouped})" if not_grouped
+                            else f"target {GROUPED}: each row of a pass is a step's, bit for bit")
     not_lean = lean_unsupported(draft_model)
     choices["draft"] = f"as loaded ({not_lean})" if not_lean else "LeanForward: the cached pass without framework work"
     choices["target"] = "the model, behind the decoder's CachedForward"
-    return Plan(dtype, unpackable is None, grouped, not_lean is None, (), choices)
+    return Plan(dtype, unpackable is None, not_grouped is None, not_lean is None, (), choices)
 
 
 def prepare(draft_model: PreTrainedModel, target_model: PreTrainedModel, *,
