@@ -41,7 +41,7 @@ from ..models import load_pair
 from ..reports import REPORTS_DIR, read_report
 from ..sampling import SamplingConfig
 from ..timing import time_call
-from .pair import BenchPair, bench_prompts, load_bench_pair
+from .pair import BenchPair, bench_prompts, load_bench_pair, no_eos
 
 # The snippet's sampling, and greedy.
 MODES = {"greedy": SamplingConfig(temperature=0.0), "t0.7 top-k 50": SamplingConfig(temperature=0.7, top_k=50)}
@@ -65,14 +65,6 @@ def attention(model, implementation: str) -> Iterator[None]:
         yield
     finally:
         model.set_attn_implementation(before)
-
-
-def no_eos(*models) -> None:
-    """Every arm produces exactly max_new_tokens (as in the benchmark)."""
-    for model in models:
-        model.generation_config.eos_token_id = None
-        if model.generation_config.pad_token_id is None:
-            model.generation_config.pad_token_id = 0
 
 
 def bench_arm_pair(report: dict, name: str) -> tuple[BenchPair, int, bool]:

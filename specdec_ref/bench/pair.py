@@ -153,13 +153,20 @@ def _count(model: PreTrainedModel) -> int:
     return sum(parameter.numel() for parameter in model.parameters())
 
 
-def _prepared(pair: BenchPair) -> BenchPair:
-    """Switch off EOS (fair token counts) and set a pad id so `generate` does not warn."""
-    for model in (pair.target_model, pair.draft_model):
-        model.eval()
+def no_eos(*models: PreTrainedModel) -> None:
+    """Switch off EOS (fair token counts: every arm produces max_new_tokens) and set a pad
+    id so `generate` does not warn."""
+    for model in models:
         model.generation_config.eos_token_id = None
         if model.generation_config.pad_token_id is None:
             model.generation_config.pad_token_id = 0
+
+
+def _prepared(pair: BenchPair) -> BenchPair:
+    """Eval mode and no EOS for both models (`no_eos`)."""
+    for model in (pair.target_model, pair.draft_model):
+        model.eval()
+    no_eos(pair.target_model, pair.draft_model)
     return pair
 
 
