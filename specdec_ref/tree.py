@@ -82,10 +82,15 @@ class TreeRecord(IterationRecord):
     """An `IterationRecord` of a tree: `drafted` lists the nodes' tokens level
     by level; `tried` counts the children the target judged (at each node,
     those tried until one was accepted), along the path up to an EOS; `path`
-    gives the accepted nodes' numbers."""
+    gives the accepted nodes' numbers; `tries` the children tried at each
+    node visited (root first; the last visited node accepted none, unless an
+    EOS ended the path); `parents` the drafted tree's shape (node 0 the root,
+    -1; children in the order drawn)."""
 
     tried: int = 0
     path: list[int] = field(default_factory=list)  # accepted, emitted nodes
+    tries: list[int] = field(default_factory=list)  # per visited node
+    parents: list[int] = field(default_factory=list)  # per node, root: -1
 
     @property
     def num_judged(self) -> int:
@@ -275,7 +280,9 @@ def tree_speculative_step(
     cut = len(emitted) == num_accepted
     judged = sum(tried[:num_accepted] if cut else tried)
     record = TreeRecord(tree.tokens[1:], emitted, num_accepted, tried=judged,
-                        path=path[:num_accepted])
+                        path=path[:num_accepted],
+                        tries=tried[:num_accepted] if cut else tried,
+                        parents=list(tree.parents))
     return sequence, record, hit_eos
 
 
