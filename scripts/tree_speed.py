@@ -86,7 +86,7 @@ def main() -> None:
                                                           generator=torch.Generator().manual_seed(seed), **common)}
         for shape in args.shapes:
             runs[f"tree {shape}"] = (lambda shape=shape: tree_speculative_generate(
-                target, draft, prompt, widths=shape, generator=torch.Generator().manual_seed(seed), **common))
+                chain_target, chain_draft, prompt, widths=shape, generator=torch.Generator().manual_seed(seed), **common))
         return runs
 
     rows: dict[str, dict[str, list]] = {}

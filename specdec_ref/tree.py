@@ -31,8 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer
+from transformers import PreTrainedModel
 
 from .decoder import (
     GenerationOutput,
@@ -40,41 +39,15 @@ from .decoder import (
     IterationRecord,
     cut_after_eos,
 )
-from .kv_cache import forward_keywords, uses_sliding_window
+from .fast.lean import LeanForward
 from .sampling import SamplingConfig, logits_to_probs
+from .tree_forward import DraftTree, TreeForward, TreeSource, tree_attention, tree_source
 from .tree_verify import draw_children, verify_tree
 from .validation import as_integer, check_generation_args, eos_set
 
-
-@dataclass
-class DraftTree:
-    """Drafted tokens, numbered level by level from the root, node 0."""
-
-    tokens: list[int]  # each node's token (the root's: the last one emitted)
-    parents: list[int]  # each node's parent (-1 for the root)
-    depths: list[int]  # each node's depth (0 for the root)
-    children: list[list[int]]  # each node's children, in the order drawn
-    q: list[torch.Tensor] = field(default_factory=list)  # (V,) per parent
-
-    @classmethod
-    def rooted(cls, token: int) -> DraftTree:
-        """A tree with only its root."""
-        return cls([token], [-1], [0], [[]])
-
-    def add(self, parent: int, token: int) -> None:
-        """Append a child of `parent` (the next node number)."""
-        self.children[parent].append(len(self.tokens))
-        self.tokens.append(token)
-        self.parents.append(parent)
-        self.depths.append(self.depths[parent] + 1)
-        self.children.append([])
-
-    def lineage(self, node: int) -> list[int]:
-        """The node and its ancestors, up to the root."""
-        chain = [node]
-        while self.parents[chain[-1]] >= 0:
-            chain.append(self.parents[chain[-1]])
-        return chain
+__all__ = ["ConfidentShape", "DraftTree", "TreeForward", "TreeRecord", "check_widths",
+           "draft_tree", "tree_attention", "tree_speculative_generate",
+           "tree_speculative_step"]
 
 
 @dataclass
@@ -98,150 +71,98 @@ class TreeRecord(IterationRecord):
         return self.tried
 
 
-def tree_attention(tree: DraftTree, before: int, start: int, first: int,
-                   last: int) -> tuple[torch.Tensor, list[int]]:
-    """The mask and position ids of a pass that feeds the committed tokens
-    start..before - 1, then the nodes first..last - 1.
+@dataclass(frozen=True)
+class ConfidentShape:
+    """A tree shaped by the draft's confidence (after EAGLE-2, Li et al. 2024):
+    level d holds `levels[d - 1]` nodes, given to the (node, rank) pairs with
+    the highest confidence, at most `top` children per node.
 
-    Key j < before is committed token j; key before + k is node k (the
-    root, node 0, is the last committed token, at position `before`).
-
-    Returns:
-        (allowed, shape (rows, before + last), True where a row may attend;
-        each row's position id).
-    """
-    nodes = range(first, last)
-    fed = before - start  # committed rows
-    allowed = torch.zeros(fed + len(nodes), before + last, dtype=torch.bool)
-    # A committed token sees every token up to itself (causal).
-    causal = torch.ones(fed, before, dtype=torch.bool).tril(start)
-    allowed[:fed, :before] = causal
-    for row, node in enumerate(nodes, start=fed):
-        # A node sees the committed tokens and its own lineage only.
-        allowed[row, :before] = True
-        allowed[row, [before + k for k in tree.lineage(node)]] = True
-    # Its position: its depth after the root.
-    positions = list(range(start, before))
-    positions += [before + tree.depths[node] for node in nodes]
-    return allowed, positions
-
-
-class TreeForward:
-    """A model and its `DynamicCache`, fed committed tokens and tree nodes.
-
-    Every pass feeds the committed tokens the cache has not seen, except the
-    last one, then a range of nodes, first..last - 1 (the root is node 0),
-    through a 4-D mask; it returns the nodes' logits.
+    A node's confidence is the product of the draft's probabilities along its
+    lineage (at temperature 1 when decoding greedily); the r-th child of node
+    n is worth confidence(n) times the r-th largest of n's probabilities. How
+    many children a node gets is decided from its q alone, before they are
+    drawn, so the sibling rule stays exact (`tree_verify`). EAGLE-2 also
+    reranks the drafted nodes and drops the least confident; a child dropped
+    for its own drawn probability would make the children tried depend on
+    the draws, which the rule's proof does not allow, so there is no rerank.
     """
 
-    def __init__(self, model: PreTrainedModel) -> None:
-        name = type(model).__name__
-        if uses_sliding_window(model.config):
-            raise ValueError(f"{name} uses sliding-window attention: the "
-                             "tree decoder compacts full-attention caches only")
-        self.model = model
-        self.cache = DynamicCache(config=model.config)
-        if any(type(layer) is not DynamicLayer for layer in self.cache.layers):
-            raise ValueError(f"{name}'s cache has layers other than "
-                             "DynamicLayer: the tree decoder cannot compact it")
-        self.forward_calls = 0
-        self._cache_kwarg, self._logits_to_keep = forward_keywords(model)
+    levels: tuple[int, ...]  # nodes per level
+    top: int = 4  # the most children of one node
 
-    @property
-    def cached_length(self) -> int:
-        """Cache entries held (committed tokens, then tree nodes)."""
-        return self.cache.get_seq_length()
+    def __post_init__(self) -> None:
+        if not self.levels or any(as_integer(n) is None or n < 1 for n in self.levels) \
+                or as_integer(self.top) is None or self.top < 1:
+            raise ValueError("ConfidentShape needs levels, a non-empty tuple of integers >= 1 "
+                             f"(nodes per level), and top >= 1, got {self.levels!r}, {self.top!r}")
 
-    @torch.no_grad()
-    def forward(self, sequence: torch.Tensor, tree: DraftTree, first: int,
-                last: int) -> torch.Tensor:
-        """Logits of nodes first..last - 1, shape (last - first, V).
+    def __len__(self) -> int:
+        return len(self.levels)
 
-        The cache must hold the committed tokens before the root, or only
-        some of them when first == 0 (the rest are fed here, causally),
-        then nodes 0..first - 1.
-        """
-        before = sequence.size(1) - 1  # committed tokens before the root
-        seen = self.cached_length
-        start = min(seen, before)  # the first committed token fed now
-        if seen != (before + first if first else start):
-            need = before + first if first else f"at most {before}"
-            raise ValueError(f"the cache holds {seen} entries; nodes "
-                             f"{first}..{last - 1} need {need}")
-        allowed, positions = tree_attention(tree, before, start, first, last)
-        # An additive float mask: 0 where allowed, the dtype's min elsewhere;
-        # none where it is causal (a chain), so the model takes its own.
-        dtype, device = self.model.dtype, sequence.device
-        rows, keys = allowed.shape
-        causal = torch.ones(rows, keys, dtype=torch.bool).tril(keys - rows)
-        mask = None
-        if not torch.equal(allowed, causal):
-            mask = torch.zeros(rows, keys, dtype=dtype)  # (rows, keys)
-            mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)
-            mask = mask[None, None].to(device)  # (1, 1, rows, keys)
-        ids = sequence[0, start:before].tolist()
-        ids += [tree.tokens[node] for node in range(first, last)]
-        kwargs = {self._cache_kwarg: self.cache, "use_cache": True}
-        if self._logits_to_keep:
-            kwargs["logits_to_keep"] = last - first
-        self.forward_calls += 1
-        logits = self.model(
-            torch.tensor([ids], device=device),
-            attention_mask=mask,
-            position_ids=torch.tensor([positions], device=device),
-            **kwargs).logits  # (1, rows or last - first, V)
-        return logits[0, first - last:]  # (last - first, V)
+    def __getitem__(self, depth: slice) -> ConfidentShape:
+        return ConfidentShape(self.levels[depth], self.top)
 
-    def keep(self, slots: list[int]) -> None:
-        """Keep only these cache entries (ascending), in this order."""
-        length = self.cached_length
-        slots = [s for s in slots if s < length]
-        if slots == list(range(len(slots))):
-            if length > len(slots):
-                self.cache.crop(len(slots) - length)  # a prefix: crop
-            return
-        device = self.cache.layers[0].keys.device
-        index = torch.tensor(slots, device=device)
-        for layer in self.cache.layers:
-            # (B, H, length, D) -> (B, H, kept, D)
-            layer.keys = layer.keys.index_select(-2, index)
-            layer.values = layer.values.index_select(-2, index)
+
+def confident_counts(confidence: torch.Tensor, scores: torch.Tensor,
+                     budget: int, top: int) -> list[int]:
+    """Children per node: the `budget` (node, rank) pairs worth most, at most
+    `top` per node. confidence: (M, V) each node's probabilities; scores:
+    (M,) each node's own confidence."""
+    values = confidence.topk(min(top, confidence.size(-1)), dim=-1).values  # (M, top), sorted
+    worth = (scores[:, None] * values).flatten()  # (M * top,)
+    chosen = worth.topk(min(budget, worth.numel())).indices  # rank r of a node only after r - 1
+    return torch.bincount(chosen // values.size(1), minlength=len(scores)).tolist()
 
 
 @torch.no_grad()
-def draft_tree(draft: TreeForward, sequence: torch.Tensor,
-               widths: tuple[int, ...], sampling: SamplingConfig,
+def draft_tree(draft: TreeSource, sequence: torch.Tensor,
+               widths: tuple[int, ...] | ConfidentShape, sampling: SamplingConfig,
                generator: torch.Generator | None = None) -> DraftTree:
     """Grow a tree of shape `widths` after `sequence` (1, n).
 
     One draft pass per level. Sampling draws each node's children from its
     q without replacement (`tree_verify.draw_children`); greedy takes the
-    draft's top-w tokens.
+    draft's top-w tokens. A `ConfidentShape` gives each node of a level as
+    many children as `confident_counts` allots it.
     """
     tree = DraftTree.rooted(int(sequence[0, -1]))
+    confident = isinstance(widths, ConfidentShape)
+    levels = widths.levels if confident else widths
+    scores = torch.ones(1, dtype=torch.float64)  # each level node's confidence
     first, last = 0, 1  # the current level's nodes
-    for width in widths:
+    for level in levels:
         logits = draft.forward(sequence, tree, first, last)  # (M, V)
         q = logits_to_probs(logits, sampling)  # (M, V)
+        counts = [level] * (last - first)
+        if confident:  # the draft's own probabilities, at temperature 1 if greedy
+            conf = (logits.double().softmax(-1) if sampling.greedy else q.double()).cpu()
+            counts = confident_counts(conf, scores, level, widths.top)
         if sampling.greedy:
-            top = logits.topk(min(width, logits.size(-1)), dim=-1)
-            kids = top.indices.tolist()
+            top = logits.topk(min(max(counts), logits.size(-1)), dim=-1)
+            kids = [row[:w] for row, w in zip(top.indices.tolist(), counts, strict=True)]
         else:
-            kids = draw_children(q, width, generator)
+            kids = [children[:w] for children, w in
+                    zip(draw_children(q, max(counts), generator), counts, strict=True)]
+        child_scores = []
         for node, tokens in zip(range(first, last), kids, strict=True):
             tree.q.append(q[node - first])
             for token in tokens:
                 tree.add(node, token)
+                if confident:
+                    child_scores.append(scores[node - first] * conf[node - first, token])
+        scores = torch.stack(child_scores) if confident and child_scores else scores
         first, last = last, len(tree.tokens)
+        if first == last:
+            break
     return tree
 
 
 @torch.no_grad()
 def tree_speculative_step(
-    target: TreeForward,
-    draft: TreeForward,
+    target: TreeSource,
+    draft: TreeSource,
     sequence: torch.Tensor,
-    widths: tuple[int, ...],
+    widths: tuple[int, ...] | ConfidentShape,
     sampling: SamplingConfig,
     generator: torch.Generator | None = None,
     eos: set[int] = frozenset(),
@@ -286,8 +207,11 @@ def tree_speculative_step(
     return sequence, record, hit_eos
 
 
-def check_widths(widths: object) -> tuple[int, ...]:
-    """`widths` as a tuple of Python ints >= 1, at least one level."""
+def check_widths(widths: object) -> tuple[int, ...] | ConfidentShape:
+    """`widths` as a tuple of Python ints >= 1, at least one level (or a
+    `ConfidentShape`, as it is)."""
+    if isinstance(widths, ConfidentShape):
+        return widths
     items = list(widths) if isinstance(widths, (list, tuple)) else None
     values = [as_integer(w) for w in items] if items else None
     if not values or any(w is None or w < 1 for w in values):
@@ -300,11 +224,11 @@ def check_widths(widths: object) -> tuple[int, ...]:
 @torch.no_grad()
 def tree_speculative_generate(
     target_model: PreTrainedModel,
-    draft_model: PreTrainedModel,
+    draft_model: PreTrainedModel | LeanForward,
     input_ids: torch.Tensor,
     *,
     max_new_tokens: int,
-    widths: tuple[int, ...] | list[int] = (3, 2, 1),
+    widths: tuple[int, ...] | list[int] | ConfidentShape = (3, 2, 1),
     sampling: SamplingConfig = SamplingConfig(),
     generator: torch.Generator | None = None,
     eos_token_id: int | list[int] | torch.Tensor | None = None,
@@ -313,11 +237,13 @@ def tree_speculative_generate(
 
     Args:
         target_model: the large model whose distribution the output follows.
-        draft_model: the small model (same vocabulary and device).
+        draft_model: the small model (same vocabulary and device), or a
+            `fast.lean.LeanForward` over it (as `fast.prepare` makes).
         input_ids: the prompt, shape (1, n) with n >= 1.
         max_new_tokens: exactly this many tokens unless an EOS comes first.
         widths: children per node at each level, e.g. (3, 2, 1): 3 + 6 + 6
-            nodes; (1,) * K is the chain of K drafts.
+            nodes; (1,) * K is the chain of K drafts. Or a `ConfidentShape`:
+            nodes per level, placed by the draft's confidence.
         sampling: temperature / top-k / top-p for both models; 0 is greedy.
         generator: the only source of randomness.
         eos_token_id: stop right after any of these tokens (None: never).
@@ -331,17 +257,20 @@ def tree_speculative_generate(
             or a model whose cache cannot be compacted (sliding windows).
     """
     widths = check_widths(widths)
-    models = {"target_model": target_model, "draft_model": draft_model}
+    draft_weights = draft_model.model if isinstance(draft_model, LeanForward) \
+        else draft_model
+    models = {"target_model": target_model, "draft_model": draft_weights}
     check_generation_args(models, input_ids, max_new_tokens, sampling,
                           generator)
-    target, draft = TreeForward(target_model), TreeForward(draft_model)
+    target, draft = tree_source(target_model), tree_source(draft_model)
     eos = eos_set(eos_token_id)
     sequence, stats, trace = input_ids, GenerationStats(), []
     while stats.new_tokens < max_new_tokens:
         # Never past the budget: a tree of depth D emits up to D + 1 tokens.
         depth = min(len(widths), max_new_tokens - stats.new_tokens - 1)
         sequence, record, hit_eos = tree_speculative_step(
-            target, draft, sequence, widths[:depth], sampling, generator, eos)
+            target, draft, sequence, widths[:depth] if depth else (), sampling,
+            generator, eos)
         stats.count_block(record)
         trace.append(record)
         if hit_eos:

@@ -50,6 +50,8 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from .tree_attention import grouped_tree_attention, tree_plan
+
 ROWWISE = "rowwise_sdpa"  # the names `transformers` knows these attentions by
 GROUPED = "grouped_eager"
 # Keyword arguments that ask for more than causal attention: they fall back to sdpa.
@@ -115,6 +117,12 @@ def grouped_attention(
     """
     starts = _row_starts(module, query, key, attention_mask, dropout, kwargs)
     if starts is None:
+        # A tree of drafts (`tree_forward`): each node as a step there.
+        plan = tree_plan(attention_mask, query.size(2), key.size(2)) \
+            if query.size(0) == 1 and _plain(module, query, key, dropout, kwargs) \
+            and attention_mask is not None else None
+        if plan is not None:
+            return grouped_tree_attention(query, key, value, plan, scaling), None
         return sdpa_attention_forward(module, query, key, value,
                                       attention_mask, scaling=scaling,
                                       dropout=dropout, **kwargs)
@@ -141,14 +149,21 @@ def _row_starts(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     are left-padded (`_padded_starts`). None: padding of another shape, a window that
     hides keys, a bias, soft-capping, sinks, uneven head groups or dropout in training,
     which go to the library's sdpa attention (correct, not row by row)."""
-    batch, heads, m, _ = query.shape
-    if not (heads % key.size(1) == 0 and not (dropout and module.training)
-            and all(kwargs.get(name) is None for name in _EXTRAS)
-            and _window_hides_nothing(kwargs.get("sliding_window"), key.size(2))):
+    batch, m = query.size(0), query.size(2)
+    if not _plain(module, query, key, dropout, kwargs):
         return None
     if batch == 1:
         return [0] if _only_causal(mask, m, key.size(2)) else None
     return _padded_starts(mask, batch, m, key.size(2))
+
+
+def _plain(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, dropout: float,
+           kwargs: dict) -> bool:
+    """Whether a call asks for no more than masked attention: even head groups, no
+    dropout in training, no bias, soft-capping or sinks, no window that hides keys."""
+    return (query.size(1) % key.size(1) == 0 and not (dropout and module.training)
+            and all(kwargs.get(name) is None for name in _EXTRAS)
+            and _window_hides_nothing(kwargs.get("sliding_window"), key.size(2)))
 
 
 _PADDED: list = [None, None]  # the last padded mask read, and its rows' starts

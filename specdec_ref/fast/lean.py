@@ -135,12 +135,48 @@ class LeanForward:
         if end > self.max_length:
             raise ValueError(f"the sequence has {end} tokens, more than max_length={self.max_length}")
         m = end - seen
-        x = self.embed[sequence[0, seen:]]  # (m, D)
-        cos, sin = self.cos[seen:end], self.sin[seen:end]  # (m, d)
         # New token i (at position seen + i) sees the keys at positions <= seen + i.
         mask = None
         if m > 1:
-            mask = torch.ones(m, end, dtype=torch.bool, device=x.device).tril(seen)  # (m, end)
+            mask = torch.ones(m, end, dtype=torch.bool, device=sequence.device).tril(seen)  # (m, end)
+        return self._run(sequence[0, seen:], slice(seen, end), mask, num_positions)
+
+    @torch.no_grad()
+    def tree_logits(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                    num_positions: int) -> torch.Tensor:
+        """Logits of the last `num_positions` of m new tokens fed after the cached ones,
+        each at its own position id, each seeing the keys `mask` allows (a tree of
+        drafts: `tree_forward`).
+
+        Args:
+            ids: the new tokens, (m,); they take cache slots length .. length + m - 1.
+            positions: their position ids, (m,) (their rotary rows).
+            mask: (m, length + m) boolean, True where a row may attend.
+            num_positions: rows whose logits are returned (the last ones).
+        """
+        end = self.length + ids.size(0)
+        if end > self.max_length:
+            raise ValueError(f"the cache would hold {end} entries, more than max_length={self.max_length}")
+        return self._run(ids, positions, mask, num_positions)
+
+    def keep(self, slots: list[int]) -> None:
+        """Keep only these cache entries (ascending), moved to slots 0 .. len(slots) - 1."""
+        slots = [s for s in slots if s < self.length]
+        start = next((i for i, s in enumerate(slots) if s != i), len(slots))  # a kept prefix stays
+        if start < len(slots):
+            index = torch.tensor(slots[start:], device=self.embed.device)
+            for keys, values in zip(self.keys, self.values, strict=True):
+                keys[:, start:len(slots)] = keys.index_select(1, index)  # (H_kv, kept, d)
+                values[:, start:len(slots)] = values.index_select(1, index)
+        self.length = len(slots)
+
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor | slice, mask: torch.Tensor | None,
+             num_positions: int) -> torch.Tensor:
+        """One pass of m new tokens (m,) at `positions` ((m,) or a slice), written after the cached ones."""
+        seen = self.length
+        end = seen + ids.size(0)
+        x = self.embed[ids]  # (m, D)
+        cos, sin = self.cos[positions], self.sin[positions]  # (m, d)
         for block, keys, values in zip(self.blocks, self.keys, self.values, strict=True):
             x = x + self._attention(block, _rms_norm(x, block["norm1"], self.eps), keys, values,
                                     cos, sin, seen, end, mask)
