@@ -34,14 +34,21 @@ from specdec_ref import SamplingConfig, speculative_generate
 from specdec_ref.bench.pair import bench_prompts, load_bench_pair
 from specdec_ref.fast.packed import pack_linear_layers
 from specdec_ref.fast.prepared import cpu_computes_bfloat16, prepare
-from specdec_ref.tree import tree_speculative_generate
+from specdec_ref.tree import ConfidentShape, tree_speculative_generate
 
 SHAPES = ((1, 1, 1, 1), (2, 2, 1, 1), (3, 2, 1), (3, 2, 2, 1), (4, 2, 2, 1, 1))
 
 
-def parse_shapes(text: str) -> tuple[tuple[int, ...], ...]:
-    """'3,2,1;2,2,1,1' -> ((3, 2, 1), (2, 2, 1, 1))."""
-    return tuple(tuple(int(w) for w in shape.split(",")) for shape in text.split(";") if shape)
+def parse_shapes(text: str) -> tuple:
+    """'3,2,1;c4,4,4/3' -> ((3, 2, 1), ConfidentShape((4, 4, 4), top=3))."""
+    shapes = []
+    for shape in filter(None, text.split(";")):
+        if shape.startswith("c"):
+            levels, _, top = shape[1:].partition("/")
+            shapes.append(ConfidentShape(tuple(int(n) for n in levels.split(",")), int(top or 4)))
+        else:
+            shapes.append(tuple(int(w) for w in shape.split(",")))
+    return tuple(shapes)
 
 
 def main() -> None:

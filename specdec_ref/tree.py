@@ -132,10 +132,11 @@ def draft_tree(draft: TreeSource, sequence: torch.Tensor,
     first, last = 0, 1  # the current level's nodes
     for level in levels:
         logits = draft.forward(sequence, tree, first, last)  # (M, V)
-        q = logits_to_probs(logits, sampling)  # (M, V)
+        # Greedy needs no q: the children are the draft's top tokens.
+        q = None if sampling.greedy else logits_to_probs(logits, sampling)  # (M, V)
         counts = [level] * (last - first)
         if confident:  # the draft's own probabilities, at temperature 1 if greedy
-            conf = (logits.double().softmax(-1) if sampling.greedy else q.double()).cpu()
+            conf = (logits.double().softmax(-1) if q is None else q.double()).cpu()
             counts = confident_counts(conf, scores, level, widths.top)
         if sampling.greedy:
             top = logits.topk(min(max(counts), logits.size(-1)), dim=-1)
@@ -145,12 +146,15 @@ def draft_tree(draft: TreeSource, sequence: torch.Tensor,
                     zip(draw_children(q, max(counts), generator), counts, strict=True)]
         child_scores = []
         for node, tokens in zip(range(first, last), kids, strict=True):
-            tree.q.append(q[node - first])
+            if q is not None:
+                tree.q.append(q[node - first])
             for token in tokens:
                 tree.add(node, token)
                 if confident:
-                    child_scores.append(scores[node - first] * conf[node - first, token])
-        scores = torch.stack(child_scores) if confident and child_scores else scores
+                    child_scores.append((node - first, token))
+        if confident and child_scores:  # each child's confidence: its parent's times its q
+            rows, tokens = zip(*child_scores, strict=True)
+            scores = scores[list(rows)] * conf[list(rows), list(tokens)]
         first, last = last, len(tree.tokens)
         if first == last:
             break
@@ -180,7 +184,8 @@ def tree_speculative_step(
         if widths else DraftTree.rooted(root)
     # 2. One target pass over the unseen committed tokens and every node.
     logits = target.forward(sequence, tree, 0, len(tree.tokens))  # (N + 1, V)
-    p = logits_to_probs(logits, sampling)  # (N + 1, V)
+    # (Greedy follows the argmax: the logits' is the one-hot p's.)
+    p = logits if sampling.greedy else logits_to_probs(logits, sampling)  # (N + 1, V)
     # 3. The sibling rule, from the root down.
     q = torch.stack(tree.q) if tree.q else p[:0]  # (E, V)
     path, last, tried = verify_tree(tree.tokens, tree.children, p, q,
@@ -257,6 +262,9 @@ def tree_speculative_generate(
             or a model whose cache cannot be compacted (sliding windows).
     """
     widths = check_widths(widths)
+    if not isinstance(draft_model, (PreTrainedModel, LeanForward)):
+        raise TypeError("draft_model must be a transformers PreTrainedModel or a "
+                        f"fast.lean.LeanForward, got {type(draft_model).__name__}")
     draft_weights = draft_model.model if isinstance(draft_model, LeanForward) \
         else draft_model
     models = {"target_model": target_model, "draft_model": draft_weights}

@@ -80,10 +80,14 @@ def tree_attention(tree: DraftTree, before: int, start: int, first: int,
     # A committed token sees every token up to itself (causal).
     causal = torch.ones(fed, before, dtype=torch.bool).tril(start)
     allowed[:fed, :before] = causal
-    for row, node in enumerate(nodes, start=fed):
-        # A node sees the committed tokens and its own lineage only.
-        allowed[row, :before] = True
-        allowed[row, [before + k for k in tree.lineage(node)]] = True
+    # A node sees the committed tokens and its own lineage only.
+    allowed[fed:, :before] = True
+    if len(nodes):
+        lineage = [[False] * last for _ in nodes]  # (nodes, last)
+        for row, node in zip(lineage, nodes, strict=True):
+            for k in tree.lineage(node):
+                row[k] = True
+        allowed[fed:, before:] = torch.tensor(lineage)
     # Its position: its depth after the root.
     positions = list(range(start, before))
     positions += [before + tree.depths[node] for node in nodes]
@@ -209,9 +213,10 @@ class LeanTreeForward(TreeSource):
     def _pass(self, ids: list[int], positions: list[int],
               allowed: torch.Tensor, count: int) -> torch.Tensor:
         device = self.lean.embed.device
+        mask = None if len(ids) == 1 else allowed.to(device)  # one row sees all
         return self.lean.tree_logits(torch.tensor(ids, device=device),
                                      torch.tensor(positions, device=device),
-                                     allowed.to(device), count)
+                                     mask, count)
 
     def keep(self, slots: list[int]) -> None:
         self.lean.keep(slots)

@@ -142,7 +142,7 @@ class LeanForward:
         return self._run(sequence[0, seen:], slice(seen, end), mask, num_positions)
 
     @torch.no_grad()
-    def tree_logits(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+    def tree_logits(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
                     num_positions: int) -> torch.Tensor:
         """Logits of the last `num_positions` of m new tokens fed after the cached ones,
         each at its own position id, each seeing the keys `mask` allows (a tree of
@@ -151,7 +151,7 @@ class LeanForward:
         Args:
             ids: the new tokens, (m,); they take cache slots length .. length + m - 1.
             positions: their position ids, (m,) (their rotary rows).
-            mask: (m, length + m) boolean, True where a row may attend.
+            mask: (m, length + m) boolean, True where a row may attend (None: every key).
             num_positions: rows whose logits are returned (the last ones).
         """
         end = self.length + ids.size(0)

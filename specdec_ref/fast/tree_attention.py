@@ -30,9 +30,8 @@ import torch
 class TreePlan:
     """How the rows of one tree-masked pass are computed."""
 
-    allowed: torch.Tensor  # (m, L) True where a row may attend
-    keys: torch.Tensor  # (m, C) the keys each row sees, in order, then padding (key 0)
-    padding: torch.Tensor  # (m, C) True where `keys` is padding
+    keys: torch.Tensor  # (m, C) the keys each row sees, in order, then padding
+    padding: torch.Tensor  # (m, C) True where `keys` is padding (a key the row may not see)
 
 
 _PLAN: list = [None, None]  # the last mask read and its plan: every layer gets the same mask
@@ -54,11 +53,11 @@ def tree_plan(mask: torch.Tensor, m: int, length: int) -> TreePlan | None:
         return None
     counts = allowed.sum(-1)  # (m,) keys each row sees
     width = int(counts.max())
-    # Row i's visible columns, left-aligned and in order (a stable sort), then padding.
+    # Row i's visible columns, left-aligned and in order (a stable sort), then hidden ones:
+    # padding whose weights come out 0, written back where they change nothing.
     order = torch.sort((~allowed).to(torch.uint8), dim=-1, stable=True).indices[:, :width]  # (m, C)
     padding = torch.arange(width)[None] >= counts[:, None]  # (m, C)
-    device = mask.device
-    plan = TreePlan(allowed.to(device), order.masked_fill(padding, 0).to(device), padding.to(device))
+    plan = TreePlan(order.to(mask.device), padding.to(mask.device))
     _PLAN[:] = [mask, plan]
     return plan
 
@@ -74,9 +73,10 @@ def grouped_tree_attention(query: torch.Tensor, key: torch.Tensor, value: torch.
     rows = query.reshape(kv_heads, heads // kv_heads * m, dim)
     scores = torch.matmul(rows, key[0].transpose(1, 2)) * scale  # (H_kv, ., L)
     # Each row's visible scores, left-aligned and in order, padding hidden: a step's softmax.
-    seen = scores.view(heads, m, length).gather(-1, plan.keys[None].expand(heads, -1, -1))  # (H, m, C)
-    seen = seen.masked_fill(plan.padding, -math.inf).float().softmax(-1).to(value.dtype)
+    index = plan.keys[None].expand(heads, -1, -1)  # (H, m, C)
+    seen = scores.view(heads, m, length).gather(-1, index).masked_fill(plan.padding, -math.inf)
+    seen = seen.float().softmax(-1).to(value.dtype)  # (H, m, C), 0 on padding
     # Back in place, zeros where a row may not look: the products sum what a step's sum.
-    weights = seen.new_zeros(heads, m, length).masked_scatter_(plan.allowed, seen[:, ~plan.padding])
+    weights = seen.new_zeros(heads, m, length).scatter_(-1, index, seen)
     out = torch.matmul(weights.view(kv_heads, -1, length), value[0])
     return out.view(heads, m, dim).transpose(0, 1)[None].contiguous()  # (1, m, H, d)
