@@ -8,6 +8,7 @@ One module per chapter of the book:
 * `rejection` (chapter 4): accept / reject so the output is distributed as p
 * `kv_cache` (chapter 5): both models' caches, rolled back after rejections
 * `decoder`: the assembled loop, `speculative_generate`, and the baseline
+* `tree` (chapter 8): a tree of drafts verified in one pass, `tree_speculative_generate`
 * `models`: `load_pair("tiny" | "gpt2" | "qwen2.5")`, the embedded tiny pair and real ones
 """
 

@@ -7,15 +7,18 @@ pass judges more candidates (SpecInfer, Miao et al. 2024; Medusa, Cai et al.
 1. draft a tree of shape `widths` = (w_1, .., w_D): the root is the last token
    emitted; each node at depth d - 1 gets up to w_d children drawn from the
    draft's q at that node, without replacement. One batched draft pass per
-   level: all nodes of a level go through the draft model together;
+   level: all nodes of a level go through the draft model together. Or a
+   `ConfidentShape`: nodes per level, given where the draft is most confident;
 2. score the whole tree with one target pass: a 4-D attention mask lets each
    node see the committed tokens and its own ancestors only, and its position
    id is its depth after the root, so its logits are those of the chain root ->
-   node (tree attention);
+   node (tree attention, `tree_forward`; with `grouped_eager` attention each
+   node's row is bitwise a one-token step's, `fast.tree_attention`);
 3. walk down the tree with the sibling rule (`tree_verify`): accepted nodes,
    then one correction or bonus token;
 4. compact both KV caches to the accepted path: the path's entries are not
-   contiguous in the cache, so each layer's keys and values are index-selected.
+   contiguous in the cache, so each layer's keys and values are index-selected
+   (`tree_forward.TreeSource.keep`).
 
 Nodes are numbered level by level: node 0 is the root, the last token of the
 sequence (position n - 1); node j sits in the cache at slot n - 1 + j and has

@@ -18,7 +18,7 @@ expected tokens per target pass adds one: the correction or the bonus).
 For a chain (every width 1) this is alpha + alpha^2 + ... + alpha^K, chapter
 6's formula less one.
 
-Time: one iteration costs one target pass over the tree's N + 1 rows, v(N+1)
+Time: one iteration costs one target pass over the tree's N + 1 rows, v(N)
 target steps, plus one draft pass per level, each c_d target steps; the
 predicted speedup over decoding with the target alone is the expected tokens
 per pass over that cost.
@@ -57,6 +57,32 @@ def sibling_ranks(parents: Sequence[int]) -> list[int]:
     return ranks
 
 
+def rank_counts(records: Iterable) -> tuple[list[int], list[int]]:
+    """How often the child of each rank was tried, and accepted, over
+    `TreeRecord`s' `tries` and `path`: ([tried at rank 1, 2, ...],
+    [accepted at rank 1, 2, ...]). Counts from several runs add up."""
+    trials: list[int] = []
+    accepts: list[int] = []
+    for record in records:
+        for visited, tried in enumerate(record.tries):
+            grow = tried - len(trials)
+            trials += [0] * grow
+            accepts += [0] * grow
+            for rank in range(tried):
+                trials[rank] += 1
+            if visited < len(record.path):  # this node's child is on the path
+                accepts[tried - 1] += 1
+    return trials, accepts
+
+
+def rates_from_counts(trials: Sequence[int], accepts: Sequence[int],
+                      max_rank: int | None = None) -> list[float]:
+    """a_r = accepted / tried at rank r (0 for a rank never tried)."""
+    deepest = len(trials) if max_rank is None else max_rank
+    return [accepts[r] / trials[r] if r < len(trials) and trials[r] else 0.0
+            for r in range(deepest)]
+
+
 def rank_rates(records: Iterable, max_rank: int | None = None) -> list[float]:
     """a_r, r = 1, 2, ...: how often the r-th child tried at a node was
     accepted, among the nodes where it was tried (the r - 1 before it
@@ -66,18 +92,7 @@ def rank_rates(records: Iterable, max_rank: int | None = None) -> list[float]:
         [a_1, a_2, ...] up to the deepest rank tried (or `max_rank`); a rank
         never tried gets 0.
     """
-    trials: dict[int, int] = {}
-    accepts: dict[int, int] = {}
-    for record in records:
-        for visited, tried in enumerate(record.tries):
-            accepted = visited < len(record.path)  # this node's child is on the path
-            for rank in range(1, tried + 1):
-                trials[rank] = trials.get(rank, 0) + 1
-            if accepted:
-                accepts[tried] = accepts.get(tried, 0) + 1
-    deepest = max(trials, default=0) if max_rank is None else max_rank
-    return [accepts.get(r, 0) / trials[r] if trials.get(r) else 0.0
-            for r in range(1, deepest + 1)]
+    return rates_from_counts(*rank_counts(records), max_rank=max_rank)
 
 
 def rank_probabilities(rates: Sequence[float]) -> list[float]:
@@ -110,7 +125,7 @@ def expected_tokens(parents: Sequence[int], rates: Sequence[float]) -> float:
 def predicted_speedup(tokens_per_pass: float, verify_cost: float,
                       draft_costs: Sequence[float]) -> float:
     """Tokens per target pass over one iteration's cost in target steps:
-    the tree's pass, v(N + 1), plus each draft level's pass, c_d."""
+    the tree's pass over N drafts, v(N), plus each draft level's pass, c_d."""
     if verify_cost <= 0 or any(c < 0 for c in draft_costs):
         raise ValueError("verify_cost must be > 0 and draft_costs >= 0, got "
                          f"{verify_cost!r} and {list(draft_costs)!r}")

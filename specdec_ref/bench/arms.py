@@ -35,10 +35,12 @@ from ..fast.packed import set_packing
 from ..sampling import SamplingConfig
 from ..schedules import HeuristicDraftLength, ModelBasedDraftLength
 from ..timing import time_call
+from ..tree import tree_speculative_generate
 from ..validation import check_integer
 from .meter import ForwardMeter, MeteredSource
 from .pair import BenchPair, PassCosts
 from .report import arm_cost_ratio
+from .trees import MeteredLean, tree_label, tree_nodes, tree_shape_stats
 
 # The modes of the benchmark and the sampling settings each stands for.
 MODES = {
@@ -61,6 +63,7 @@ class Arm:
     lean: bool = False  # the draft runs through `lean.LeanForward` (same weights, no framework overhead)
     variant: str | None = None  # a key of VARIANTS: `generate` on the target configured otherwise
     fast: bool = False  # both models run through `fast.StaticForward` (static cache; CUDA graphs on a GPU)
+    tree: object = None  # a tree shape (widths, or a `tree.ConfidentShape`): `tree.tree_speculative_generate`
 
     @property
     def speculative(self) -> bool:
@@ -87,7 +90,7 @@ THREAD_VARIANTS = {"1 thread": 1, "2 threads": 2}  # variant -> the thread count
 
 def build_arms(modes: list[str], k_values: list[int], *, nocache_k: int = 4, model_schedule: bool = True,
                lean: bool = False, variants: tuple[str, ...] = (), fast: bool = False,
-               fast_k_values: list[int] | None = None) -> list[Arm]:
+               fast_k_values: list[int] | None = None, trees: tuple = ()) -> list[Arm]:
     """Every arm of the benchmark, mode by mode (the baseline first in each mode).
 
     Args:
@@ -101,6 +104,7 @@ def build_arms(modes: list[str], k_values: list[int], *, nocache_k: int = 4, mod
         fast: also run the target alone, the fixed-K and the model-schedule arms with both
             models on the fast path (`fast.StaticForward`).
         fast_k_values: the fixed K of the fast arms (default: `k_values`).
+        trees: tree shapes (`bench.trees`): one tree arm each, its draft lean when `lean`.
     """
     unknown = [mode for mode in modes if mode not in MODES]
     if unknown or not modes:
@@ -131,6 +135,8 @@ def build_arms(modes: list[str], k_values: list[int], *, nocache_k: int = 4, mod
                      for k in fast_k_values or k_values]
             if model_schedule:
                 arms.append(Arm("specdec_ref model fast", "specdec_ref", mode, None, True, "model", fast=True))
+        arms += [Arm(f"specdec_ref tree {tree_label(shape)}", "specdec_ref", mode, None, True, "tree", lean,
+                     tree=shape) for shape in trees]
     return arms
 
 
@@ -163,6 +169,7 @@ class RunRecord:
     iterations: int = 0  # draft-verify rounds (target passes for the transformers arms)
     target_seconds: float = 0.0  # time inside the target's forward passes
     draft_seconds: float = 0.0  # time inside the draft's forward passes
+    tree: dict | None = None  # tree arms: `trees.tree_shape_stats` of the run (not in the report)
 
 
 class ArmRunner:
@@ -187,6 +194,7 @@ class ArmRunner:
         self._attention = pair.target_model.config._attn_implementation
         self._threads = torch.get_num_threads()  # the run's thread count
         self._draft_config = pair.draft_model.generation_config
+        self._trace = None  # the last tree arm's trace
 
     def close(self) -> None:
         self.meter.remove()
@@ -198,6 +206,7 @@ class ArmRunner:
 
         def call() -> None:
             result["tokens"], result["stats"] = self._generate(arm, input_ids, seed)
+            result["trace"] = self._trace
 
         if arm.impl == "transformers" and arm.speculative:
             # In transformers 5.x the assistant reads K and its schedule from its own generation
@@ -227,6 +236,8 @@ class ArmRunner:
                 record.drafted, record.accepted = stats.drafted_tokens, stats.accepted_tokens
                 record.judged = stats.judged_tokens
             record.iterations = stats.iterations
+            if arm.tree is not None:
+                record.tree = tree_shape_stats(result["trace"])
         elif arm.speculative:  # assisted generation: one target pass per round, one draft pass per draft
             record.drafted, record.accepted = calls["draft"], len(tokens) - calls["target"]
         return record
@@ -259,6 +270,13 @@ class ArmRunner:
                 output = target.generate(input_ids, **kwargs)  # (1, n + new)
             return output[0, n:].tolist(), None
         generator = torch.Generator(device=self.pair.device).manual_seed(seed)
+        if arm.tree is not None:
+            size = n + self.max_new_tokens + tree_nodes(arm.tree)  # the lean buffers' length
+            source = MeteredLean(draft, self.meter, max_length=size) if arm.lean else draft
+            out = tree_speculative_generate(target, source, input_ids, max_new_tokens=self.max_new_tokens,
+                                            widths=arm.tree, sampling=arm.sampling, generator=generator)
+            self._trace = out.trace
+            return out.sequences[0, n:].tolist(), out.stats
         common = {"max_new_tokens": self.max_new_tokens, "sampling": arm.sampling, "generator": generator,
                   "eos_token_id": None, "use_cache": arm.use_cache}
         if arm.fast:

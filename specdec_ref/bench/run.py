@@ -45,6 +45,7 @@ from .fast import compiled_generate_error, fast_section, fast_unsupported, gpt2_
 from .pair import RANDOM_SHAPES, RandomPairShape, bench_prompts, load_bench_pair, measure_costs
 from .summary import BASELINE, greedy_mismatches, headline, summarize
 from .table import format_table
+from .trees import DEFAULT_TREES, parse_trees, tree_label, tree_section
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # The baseline of each mode: the fastest of target-only `generate` with the models as run and
@@ -78,6 +79,7 @@ class BenchConfig:
     attention: str | None = None  # one of ATTENTIONS for both models (None: as loaded, sdpa)
     fast: bool | None = None  # fast-path arms (`bench.fast`); None: on a GPU, where the pair allows
     fast_k_values: tuple[int, ...] | None = None  # fixed K of the fast arms (None: k_values)
+    trees: tuple = ()  # tree shapes (`bench.trees`): a tree arm each, next to the chain arms
 
     def __post_init__(self) -> None:
         for name in ("max_new_tokens", "repeats", "num_prompts", "prompt_tokens", "nocache_k", "cost_repeats"):
@@ -133,7 +135,7 @@ def run_benchmark(config: BenchConfig) -> dict:
         variants += () if compile_error else ("compiled",)
     arms = build_arms(list(config.modes), list(config.k_values), nocache_k=config.nocache_k,
                       lean=config.lean and costs.lean_cost_ratio is not None, variants=variants, fast=fast,
-                      fast_k_values=fast_k)
+                      fast_k_values=fast_k, trees=config.trees)
     max_length = max(p.size(1) for p in prompts) + config.max_new_tokens
     runner = ArmRunner(pair, max_new_tokens=config.max_new_tokens, costs=costs, float32_target=float32_target,
                        fast_costs=fast_costs, max_length=max_length if fast else None)
@@ -187,7 +189,7 @@ def run_benchmark(config: BenchConfig) -> dict:
             "target_pass_ms": 1000 * costs.target_seconds,
             "overhead_method": "forward hooks on both models (GPU synchronized at each pass boundary)",
             "hf_assisted_defaults": assisted_defaults(), "fast": fast, "compiled_generate_error": compile_error,
-            "prepare": prepared,
+            "prepare": prepared, "trees": [tree_label(shape) for shape in config.trees],
         },
         "cost_ratio": costs.cost_ratio,
         "lean_cost_ratio": costs.lean_cost_ratio,
@@ -199,6 +201,7 @@ def run_benchmark(config: BenchConfig) -> dict:
         "greedy_identical": (not mismatches) if "greedy" in config.modes else None,
         "greedy_mismatches": mismatches,
         "fast_path": fast_section(fast_costs, summaries, report_baselines, max_k=max(fast_k)) if fast else None,
+        "trees": tree_section(arms, records, summaries, report_baselines) if config.trees else None,
     }
     report["headline"] = headline(report)
     return report
@@ -219,6 +222,13 @@ def _int_list(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _trees(text: str) -> tuple:
+    try:
+        return parse_trees(text)
+    except ValueError as error:
+        raise SystemExit(f"--trees: {error}") from None
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path | None]:
@@ -250,6 +260,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path | None]
     parser.add_argument("--fast", action=argparse.BooleanOptionalAction, default=None,
                         help="arms on the fast path (static cache, CUDA graphs; default: on a GPU)")
     parser.add_argument("--fast-k-values", type=_int_list, help="fixed K values of the fast arms (default: --k-values)")
+    parser.add_argument("--trees", nargs="?", const="default", default=None,
+                        help="tree arms (`specdec_ref.tree`): shapes 'w1,w2,...' (children per node and level) or "
+                             "'cn1,n2,.../top' (nodes per level by the draft's confidence), ';'-separated "
+                             "(no value: " + "; ".join(tree_label(t) for t in DEFAULT_TREES) + ")")
     parser.add_argument("--random-shape", default="tiny", choices=sorted(RANDOM_SHAPES),
                         help="shapes of a random pair (default: the tiny pair's); --random-* below override them")
     parser.add_argument("--random-target-layers", type=int)
@@ -275,6 +289,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path | None]
         cost_repeats=5 if quick else 20, progress=not args.no_progress, lean=not args.no_lean, fast=args.fast,
         fast_k_values=args.fast_k_values,
         shape=shape,
+        trees=() if args.trees is None else DEFAULT_TREES if args.trees == "default" else _trees(args.trees),
     )
     return config, args.out
 
