@@ -45,8 +45,9 @@ def test_bench_writes_the_report_it_returns(bench_run):
     assert written == json.loads(json.dumps(returned))
     assert set(written) == {"meta", "cost_ratio", "lean_cost_ratio", "loop_cost_ratio", "lean_loop_cost_ratio",
                             "verify_cost", "baselines", "arms", "greedy_identical",
-                            "greedy_mismatches", "headline", "fast_path"}
+                            "greedy_mismatches", "headline", "fast_path", "trees"}
     assert written["fast_path"] is None and written["meta"]["fast"] is False  # on a CPU only when asked
+    assert written["trees"] is None and written["meta"]["trees"] == []  # tree arms only when asked
     meta = written["meta"]
     for key in ("pair", "device", "dtype", "torch", "transformers", "date", "prompts", "max_new_tokens", "repeats",
                 "threads"):
