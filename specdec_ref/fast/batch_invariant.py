@@ -112,17 +112,17 @@ def grouped_attention(
 
     The H / H_kv query heads that share a key-value head are stacked as
     rows: (H_kv, H / H_kv * m, d) against (H_kv, d, L). Row i sits at
-    position L - m + i and sees keys 0 .. L - m + i. Returns the output
-    (1, m, H, d) and no weights.
+    position L - m + i and sees keys 0 .. L - m + i; under a tree's mask,
+    each row sees its own keys, as a step there (`tree_attention`).
+    Returns the output (1, m, H, d) and no weights.
     """
     starts = _row_starts(module, query, key, attention_mask, dropout, kwargs)
     if starts is None:
-        # A tree of drafts (`tree_forward`): each node as a step there.
-        plan = tree_plan(attention_mask, query.size(2), key.size(2)) \
-            if query.size(0) == 1 and _plain(module, query, key, dropout, kwargs) \
-            and attention_mask is not None else None
+        # A tree of drafts (`tree_forward`): each node's row as a step there.
+        plan = _tree(module, query, key, attention_mask, dropout, kwargs)
         if plan is not None:
-            return grouped_tree_attention(query, key, value, plan, scaling), None
+            out = grouped_tree_attention(query, key, value, plan, scaling)
+            return out, None
         return sdpa_attention_forward(module, query, key, value,
                                       attention_mask, scaling=scaling,
                                       dropout=dropout, **kwargs)
@@ -164,6 +164,15 @@ def _plain(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, drop
     return (query.size(1) % key.size(1) == 0 and not (dropout and module.training)
             and all(kwargs.get(name) is None for name in _EXTRAS)
             and _window_hides_nothing(kwargs.get("sliding_window"), key.size(2)))
+
+
+def _tree(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None,
+          dropout: float, kwargs: dict):
+    """`tree_attention.tree_plan` of one sequence's mask, when the call asks for no more than
+    masked attention (None otherwise, or for a mask that is not a tree's)."""
+    if query.size(0) != 1 or mask is None or not _plain(module, query, key, dropout, kwargs):
+        return None
+    return tree_plan(mask, query.size(2), key.size(2))
 
 
 _PADDED: list = [None, None]  # the last padded mask read, and its rows' starts
