@@ -56,14 +56,12 @@ __all__ = ["ConfidentShape", "DraftTree", "TreeForward", "TreeRecord", "check_wi
 @dataclass
 class TreeRecord(IterationRecord):
     """An `IterationRecord` of a tree: `drafted` lists the nodes' tokens level
-    by level; `tried` counts the children the target judged (at each node,
-    those tried until one was accepted), along the path up to an EOS; `path`
-    gives the accepted nodes' numbers; `tries` the children tried at each
-    node visited (root first; the last visited node accepted none, unless an
-    EOS ended the path); `parents` the drafted tree's shape (node 0 the root,
-    -1; children in the order drawn)."""
+    by level; `path` gives the accepted nodes' numbers; `tries` the children
+    tried at each node visited (those tried until one was accepted), root
+    first, up to an EOS (the last visited node accepted none, unless an EOS
+    ended the path); `parents` the drafted tree's shape (node 0 the root, -1;
+    children in the order drawn)."""
 
-    tried: int = 0
     path: list[int] = field(default_factory=list)  # accepted, emitted nodes
     tries: list[int] = field(default_factory=list)  # per visited node
     parents: list[int] = field(default_factory=list)  # per node, root: -1
@@ -71,7 +69,7 @@ class TreeRecord(IterationRecord):
     @property
     def num_judged(self) -> int:
         """Drafted tokens the target judged: children tried along the path."""
-        return self.tried
+        return sum(self.tries)
 
 
 @dataclass(frozen=True)
@@ -207,8 +205,7 @@ def tree_speculative_step(
     # An EOS inside the path ends the block there: children tried below it
     # do not count.
     cut = len(emitted) == num_accepted
-    judged = sum(tried[:num_accepted] if cut else tried)
-    record = TreeRecord(tree.tokens[1:], emitted, num_accepted, tried=judged,
+    record = TreeRecord(tree.tokens[1:], emitted, num_accepted,
                         path=path[:num_accepted],
                         tries=tried[:num_accepted] if cut else tried,
                         parents=list(tree.parents))

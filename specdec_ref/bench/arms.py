@@ -194,7 +194,7 @@ class ArmRunner:
         self._attention = pair.target_model.config._attn_implementation
         self._threads = torch.get_num_threads()  # the run's thread count
         self._draft_config = pair.draft_model.generation_config
-        self._trace = None  # the last tree arm's trace
+        self._trace = None  # the last tree arm's trace (its `TreeRecord`s)
 
     def close(self) -> None:
         self.meter.remove()
@@ -206,7 +206,6 @@ class ArmRunner:
 
         def call() -> None:
             result["tokens"], result["stats"] = self._generate(arm, input_ids, seed)
-            result["trace"] = self._trace
 
         if arm.impl == "transformers" and arm.speculative:
             # In transformers 5.x the assistant reads K and its schedule from its own generation
@@ -237,7 +236,7 @@ class ArmRunner:
                 record.judged = stats.judged_tokens
             record.iterations = stats.iterations
             if arm.tree is not None:
-                record.tree = tree_shape_stats(result["trace"])
+                record.tree = tree_shape_stats(self._trace)
         elif arm.speculative:  # assisted generation: one target pass per round, one draft pass per draft
             record.drafted, record.accepted = calls["draft"], len(tokens) - calls["target"]
         return record

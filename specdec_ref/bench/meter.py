@@ -62,6 +62,17 @@ class ForwardMeter:
 
         return hook
 
+    @contextmanager
+    def booked(self, name: str) -> Iterator[None]:
+        """Count and time a block as one forward pass of `name` (for passes that bypass
+        the model's hooks)."""
+        synchronize(self.device)
+        start = _now()
+        yield
+        synchronize(self.device)
+        self.seconds[name] += _now() - start
+        self.calls[name] += 1
+
     def reset(self) -> None:
         self.calls = dict.fromkeys(self.calls, 0)
         self.seconds = dict.fromkeys(self.seconds, 0.0)
@@ -90,13 +101,8 @@ class MeteredSource:
         return self.source.forward_calls
 
     def last_logits(self, sequence: torch.Tensor, num_positions: int) -> torch.Tensor:
-        synchronize(self.meter.device)
-        start = _now()
-        logits = self.source.last_logits(sequence, num_positions)
-        synchronize(self.meter.device)
-        self.meter.seconds[self.role] += _now() - start
-        self.meter.calls[self.role] += 1
-        return logits
+        with self.meter.booked(self.role):
+            return self.source.last_logits(sequence, num_positions)
 
     def rollback(self, length: int) -> None:
         self.source.rollback(length)

@@ -18,10 +18,9 @@ from __future__ import annotations
 import torch
 
 from ..fast.lean import LeanForward
-from ..timing import synchronize
 from ..tree import ConfidentShape
 from ..tree_model import expected_tokens, rank_counts, rates_from_counts, shape_parents
-from .meter import ForwardMeter, _now
+from .meter import ForwardMeter
 
 # The tree arms of a run with --trees and no shapes given.
 DEFAULT_TREES = ((2, 2, 1, 1), (3, 2, 1), (4, 2, 2, 1), ConfidentShape((4, 4, 4, 4), top=4))
@@ -65,13 +64,8 @@ class MeteredLean(LeanForward):
         self.meter, self.role = meter, role
 
     def _run(self, *args, **kwargs) -> torch.Tensor:
-        synchronize(self.meter.device)
-        start = _now()
-        logits = super()._run(*args, **kwargs)
-        synchronize(self.meter.device)
-        self.meter.seconds[self.role] += _now() - start
-        self.meter.calls[self.role] += 1
-        return logits
+        with self.meter.booked(self.role):
+            return super()._run(*args, **kwargs)
 
 
 def tree_shape_stats(trace: list) -> dict:
