@@ -2,9 +2,10 @@
 
     python scripts/browser_check.py [--build _build/html] [--allow-network]
 
-The pages are served from a local HTTP server and loaded in Chromium through the
-DevTools protocol. After MathJax has typeset a page and the widget manager has had
-its turn, the script asks the page itself and fails when:
+The pages are served from a local HTTP server and loaded with Playwright in the system's
+Chromium (`make setup` installs it with apt; Playwright's own browser download is not
+used). After MathJax has typeset a page and the widget manager has had its turn, the
+script asks the page itself and fails when:
 
 * TeX is left unrendered: a `.math` element without MathJax output, or `$...$`,
   `\\(`, `\\[`, `\\begin{` in the visible text outside code; or Markdown / MyST
@@ -23,18 +24,20 @@ its turn, the script asks the page itself and fails when:
   reaches past the column of the page's content (the article; the main area for a
   block marked `full-width`). The window is narrower than the 1280 pixels a reader's
   laptop often has, so what passes here fits there too;
-* an image would look blurred on a high-density screen: at a device pixel ratio of 2
-  each CSS pixel of the page is 2 x 2 screen pixels, so an image needs at least 2
-  pixels of its own per CSS pixel it is drawn across. The rule: fail when
-  `naturalWidth < 2 * rendered width` (1 pixel of slack), that is when its intrinsic
-  width at device pixel ratio 2, `naturalWidth / 2`, is less than its rendered width.
-  Vector images (SVG), images not shown (a collapsed cell: rendered width 0) and icons
-  (rendered under 64 pixels wide or 40 tall, such as the Colab badge) are left out;
+* an image would look blurred on a high-density screen: at device pixel ratio 2 it needs
+  2 pixels of its own per CSS pixel it is drawn across, so it fails when `naturalWidth
+  < 2 * rendered width - 1`. Vector images (SVG), images not shown (a collapsed cell:
+  rendered width 0) and icons (drawn under 64 x 40 pixels, such as the Colab badge) are
+  left out;
 * a request to the local server failed: an HTTP status of 400 or more (a file not
   found), or a network error; each one is listed;
 * a notebook page lacks its Colab button (the launch link in the page header);
 * a widget placeholder was not rendered into a widget;
 * the page threw an uncaught JavaScript exception.
+
+It warns (a WARNING line, not a failure) when a page is taller than MAX_PAGE_HEIGHT at
+1280 pixels wide (the reason is beside it), and when a printed table is split into one
+output block per `print` (SPLIT_TABLES_FAIL makes that a failure).
 
 When `_static_offline/manifest.json` exists (`make static` ran), every request that
 leaves the local server is refused, as on a machine with no network, and each one is
@@ -42,7 +45,7 @@ reported: the book must render offline. `--allow-network` (and the CDN fallback,
 without that folder) lets such requests through.
 
 No Chromium on the machine: the script says so and exits 0 (install it with `make
-setup` where apt is available). Needs `websocket-client` (installed with Jupyter).
+setup` where apt is available). Needs `playwright` (the [dev] extra).
 """
 
 from __future__ import annotations
@@ -50,15 +53,12 @@ from __future__ import annotations
 import argparse
 import functools
 import http.server
-import json
 import os
+import re
 import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -67,16 +67,25 @@ BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stab
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-dev-shm-usage", "--remote-allow-origins=*", "--remote-debugging-port=0",
+    "--disable-dev-shm-usage",
 ]
-PAGE_TIMEOUT_S = 30.0
+PAGE_TIMEOUT_MS = 30_000
 # The window the pages are checked in: the narrowest that shows both of the theme's
 # sidebars, where a code cell has the least room (book/_ext/code_width.py).
-WINDOW = {"width": 1200, "height": 900, "deviceScaleFactor": 1, "mobile": False}
+WINDOW = {"width": 1200, "height": 900}
+# A page's length is measured at a laptop's 1280 pixels. The limit, 25,000 px, is 25 to 35
+# screens of a window 1000 to 700 pixels high (such a laptop less the browser's bars):
+# more than one sitting, and past it a reader loses their place (issue 31 found chapter 6,
+# at 44,000 px, reads so). A longer page is better split into two that link each other.
+READING_WIDTH = 1280
+MAX_PAGE_HEIGHT = 25_000
+# Whether a table split over several output blocks fails the page (True) or warns.
+# Chapters 4 to 8 still print such tables (issue 31, item 16): warn until they don't.
+SPLIT_TABLES_FAIL = False
 
-# Runs inside each page once it has loaded; returns a JSON report.
+# Runs inside each page once it has loaded; returns the page's report.
 PAGE_REPORT_JS = r"""
-(async () => {
+async () => {
   const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
   if (window.MathJax && MathJax.startup && MathJax.startup.promise) { await MathJax.startup.promise; }
   // The widget manager renders on the load event, asynchronously: give it up to 15 s.
@@ -171,147 +180,27 @@ PAGE_REPORT_JS = r"""
     return i.naturalWidth < 2 * box.width - 1;
   }).map((i) => `${(i.getAttribute('alt') || i.getAttribute('src') || '').slice(0, 60)}: ${i.naturalWidth} px `
     + `drawn ${Math.round(i.getBoundingClientRect().width)} px wide`);
-  return JSON.stringify({
+  // A printed table split into one grey box per print: consecutive stream outputs of a cell
+  // whose every line looks like a table row (columns apart by 2+ spaces, or padded).
+  const rowLike = (el) => el.matches('.output.stream') && el.textContent.split('\n').filter((l) => l.trim())
+    .every((l) => /\S {2,}\S/.test(l.trimEnd()) || /^ +\S/.test(l));
+  const splitTables = [];
+  for (const out of content.querySelectorAll('.cell_output')) {
+    [...out.children, null].reduce((run, el) => {
+      if (el && rowLike(el)) { return [...run, el]; }
+      const first = run.length > 1 && run[0].textContent.trim().split('\n')[0].slice(0, 50);
+      if (first) { splitTables.push(`${run.length} output blocks: ${JSON.stringify(first)}`); }
+      return [];
+    }, []);
+  }
+  return {
     title: document.title, math: math.length, untypeset, rawTex, rawMarkdown, images: images.length, broken, colab,
-    noAlt, uncaptioned, scrolling, clipped, blurry,
+    noAlt, uncaptioned, scrolling, clipped, blurry, splitTables,
     widgets: placeholders().length, unrenderedWidgets: placeholders().filter((s) => !rendered(s)).length,
     mathjax: !!(window.MathJax && MathJax.version),
-  });
-})()
+  };
+}
 """
-
-
-class Chromium:
-    """A headless Chromium driven over the DevTools protocol (one tab)."""
-
-    def __init__(self, binary: str, allow_network: bool, local_host: str) -> None:
-        import websocket  # websocket-client, a Jupyter dependency
-
-        self.profile = tempfile.mkdtemp(prefix="browser-check-")
-        # Chromium's own temporary files go into the profile too, removed with it on close.
-        self.process = subprocess.Popen([binary, *CHROMIUM_FLAGS, f"--user-data-dir={self.profile}", "about:blank"],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        env={**os.environ, "TMPDIR": self.profile})
-        port = self._devtools_port()
-        tabs = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10))
-        page = next(t for t in tabs if t["type"] == "page")
-        self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=PAGE_TIMEOUT_S,
-                                             suppress_origin=True)
-        self.next_id = 0
-        self.allow_network = allow_network
-        self.local_host = local_host
-        self.events: list[dict] = []
-        self.refused: list[str] = []
-        self.exceptions: list[str] = []
-        self.requests: dict[str, str] = {}  # request id -> URL, for the failures below
-        self.failed: list[str] = []  # local requests that failed: "404 http://..." or "net::ERR_... http://..."
-        self.call("Page.enable")
-        self.call("Runtime.enable")
-        self.call("Emulation.setDeviceMetricsOverride", WINDOW)
-        # Watch every response: a local file that is not found is a failure of the book.
-        self.call("Network.enable")
-        # Intercept every request: local ones go through, others are refused unless allowed.
-        self.call("Fetch.enable", {"patterns": [{"urlPattern": "*"}]})
-
-    def _devtools_port(self) -> int:
-        marker = Path(self.profile) / "DevToolsActivePort"
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if marker.is_file() and marker.read_text().strip():
-                return int(marker.read_text().split()[0])
-            if self.process.poll() is not None:
-                raise RuntimeError(f"Chromium exited with status {self.process.returncode} before it started")
-            time.sleep(0.1)
-        raise RuntimeError("Chromium did not open its DevTools port within 30 s")
-
-    def send(self, method: str, params: dict | None = None) -> int:
-        self.next_id += 1
-        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params or {}}))
-        return self.next_id
-
-    def call(self, method: str, params: dict | None = None) -> dict:
-        """Send a command and pump events until its answer arrives."""
-        wanted = self.send(method, params)
-        while True:
-            message = self.pump()
-            if message.get("id") == wanted:
-                if "error" in message:
-                    raise RuntimeError(f"{method}: {message['error']}")
-                return message.get("result", {})
-
-    def pump(self) -> dict:
-        """Read one message; answer paused requests and record exceptions on the way."""
-        message = json.loads(self.ws.recv())
-        method = message.get("method")
-        if method == "Fetch.requestPaused":
-            request_id, url = message["params"]["requestId"], message["params"]["request"]["url"]
-            host = urlparse(url).hostname
-            if self.allow_network or host == self.local_host or urlparse(url).scheme in ("data", "blob"):
-                self.send("Fetch.continueRequest", {"requestId": request_id})
-            else:
-                self.refused.append(url)
-                self.send("Fetch.failRequest", {"requestId": request_id, "errorReason": "InternetDisconnected"})
-        elif method == "Network.requestWillBeSent":
-            self.requests[message["params"]["requestId"]] = message["params"]["request"]["url"]
-        elif method == "Network.responseReceived":
-            response = message["params"]["response"]
-            if self._local(response["url"]) and response["status"] >= 400:
-                self.failed.append(f"HTTP {response['status']} {response['url']}")
-        elif method == "Network.loadingFailed":
-            params = message["params"]
-            url = self.requests.get(params["requestId"], "")
-            if self._local(url) and not params.get("canceled"):
-                self.failed.append(f"{params.get('errorText', 'failed')} {url}")
-        elif method == "Runtime.exceptionThrown":
-            details = message["params"]["exceptionDetails"]
-            text = details.get("exception", {}).get("description") or details.get("text", "")
-            self.exceptions.append(text.splitlines()[0][:160] if text else "(no description)")
-        elif method:
-            self.events.append(message)
-        return message
-
-    def _local(self, url: str) -> bool:
-        """Whether `url` asks the local server (not data:, blob: or another host).
-
-        `/favicon.ico` is left out: the browser asks for it by itself, whatever the page says.
-        """
-        parsed = urlparse(url)
-        return (parsed.scheme in ("http", "https") and parsed.hostname == self.local_host
-                and parsed.path != "/favicon.ico")
-
-    def open(self, url: str) -> dict:
-        """Load `url`, wait for its load event, and return the page's report."""
-        self.events.clear()
-        self.refused.clear()
-        self.exceptions.clear()
-        self.requests.clear()
-        self.failed.clear()
-        self.call("Page.navigate", {"url": url})
-        deadline = time.monotonic() + PAGE_TIMEOUT_S
-        while not any(e.get("method") == "Page.loadEventFired" for e in self.events):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{url} did not finish loading within {PAGE_TIMEOUT_S:.0f} s")
-            self.pump()
-        result = self.call("Runtime.evaluate", {"expression": PAGE_REPORT_JS, "awaitPromise": True,
-                                                "returnByValue": True, "timeout": PAGE_TIMEOUT_S * 1000})
-        if "exceptionDetails" in result:
-            raise RuntimeError(f"{url}: the page report failed: {result['exceptionDetails']}")
-        report = json.loads(result["result"]["value"])
-        report["refused"] = list(dict.fromkeys(self.refused))
-        report["exceptions"] = list(self.exceptions)
-        report["failed"] = list(dict.fromkeys(self.failed))
-        return report
-
-    def close(self) -> None:
-        try:
-            self.ws.close()
-        finally:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-            shutil.rmtree(self.profile, ignore_errors=True)
 
 
 def serve(folder: Path) -> tuple[http.server.ThreadingHTTPServer, int]:
@@ -369,6 +258,18 @@ def problems(page: str, notebook: bool, report: dict, offline: bool) -> list[str
         found.append(f"JavaScript exception: {report['exceptions'][0]}")
     if offline and report["refused"]:
         found.append(f"{len(report['refused'])} requests left the machine, e.g. {report['refused'][0]}")
+    if SPLIT_TABLES_FAIL:
+        found += [f"table split over {split}" for split in report.get("splitTables", [])]
+    return found
+
+
+def warnings(report: dict) -> list[str]:
+    """What a reader would rather not meet on one page, but that does not fail it."""
+    found = []
+    if report.get("height", 0) > MAX_PAGE_HEIGHT:
+        found.append(f"{report['height']:,} px tall at {READING_WIDTH} px wide (limit {MAX_PAGE_HEIGHT:,} px)")
+    if not SPLIT_TABLES_FAIL:
+        found += [f"table split over {split}" for split in report.get("splitTables", [])]
     return found
 
 
@@ -376,6 +277,63 @@ def find_browser() -> str | None:
     """The first Chromium-like browser on PATH (or $CHROMIUM)."""
     candidates = [os.environ.get("CHROMIUM", ""), *BROWSERS]
     return next((shutil.which(c) for c in candidates if c and shutil.which(c)), None)
+
+
+def local(url: str) -> bool:
+    """Whether `url` asks the local server; `/favicon.ico` is left out (the browser asks for it itself)."""
+    parsed = urlparse(url)
+    return parsed.scheme in ("http", "https") and parsed.hostname == "127.0.0.1" and parsed.path != "/favicon.ico"
+
+
+def check_pages(browser: str, base: str, pages: list[tuple[str, bool]], offline: bool) -> tuple[int, int]:
+    """Open each page in one tab, print what is wrong with it; return (pages failing, warnings)."""
+    from playwright.sync_api import sync_playwright
+
+    seen: dict[str, list[str]] = {"refused": [], "exceptions": [], "failed": []}
+
+    def refuse(route) -> None:  # offline: a request to another host is refused and listed
+        seen["refused"].append(route.request.url)
+        route.abort("internetdisconnected")
+
+    def response(r) -> None:
+        if local(r.url) and r.status >= 400:
+            seen["failed"].append(f"HTTP {r.status} {r.url}")
+
+    def request_failed(request) -> None:  # a request the page itself cancelled is not a failure
+        if local(request.url) and request.failure != "net::ERR_ABORTED":
+            seen["failed"].append(f"{request.failure} {request.url}")
+
+    failures = warned = 0
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=browser, args=CHROMIUM_FLAGS)
+        context = chromium.new_context(viewport=WINDOW, device_scale_factor=1)
+        if offline:
+            context.route(re.compile(r"^(?!https?://127\.0\.0\.1[:/])"), refuse)  # all but the local server
+        tab = context.new_page()
+        tab.on("pageerror", lambda e: seen["exceptions"].append((e.stack or e.message or "?").splitlines()[0][:160]))
+        tab.on("response", response)
+        tab.on("requestfailed", request_failed)
+        for page, notebook in pages:
+            for events in seen.values():
+                events.clear()
+            tab.set_viewport_size(WINDOW)
+            tab.goto(f"{base}/{page}", wait_until="load", timeout=PAGE_TIMEOUT_MS)
+            report = tab.evaluate(PAGE_REPORT_JS)
+            tab.set_viewport_size({"width": READING_WIDTH, "height": WINDOW["height"]})
+            report["height"] = tab.evaluate("document.documentElement.scrollHeight")
+            report.update({key: list(dict.fromkeys(events)) for key, events in seen.items()})
+            found, warn = problems(page, notebook, report, offline), warnings(report)
+            failures += bool(found)
+            warned += len(warn)
+            summary = (f"{report['math']} math, {report['images']} images, {report['widgets']} widgets"
+                       + (", Colab button" if report["colab"] else "") + f", {report['height']:,} px tall")
+            print(f"{'FAIL' if found else 'ok  '} {page}: {summary}")
+            for problem in found:
+                print(f"       - {problem}")
+            for warning in warn:
+                print(f"WARNING {page}: {warning}")
+        chromium.close()
+    return failures, warned
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -394,24 +352,14 @@ def main(argv: list[str] | None = None) -> int:
     offline = (ROOT / "_static_offline" / "manifest.json").is_file() and not args.allow_network
     pages = book_pages(args.build)
     server, port = serve(args.build)
-    chromium = Chromium(browser, allow_network=not offline, local_host="127.0.0.1")
-    failures = 0
     start = time.monotonic()
     try:
-        for page, notebook in pages:
-            report = chromium.open(f"http://127.0.0.1:{port}/{page}")
-            found = problems(page, notebook, report, offline)
-            failures += bool(found)
-            summary = (f"{report['math']} math, {report['images']} images, {report['widgets']} widgets"
-                       + (", Colab button" if report["colab"] else ""))
-            print(f"{'FAIL' if found else 'ok  '} {page}: {summary}")
-            for problem in found:
-                print(f"       - {problem}")
+        failures, warned = check_pages(browser, f"http://127.0.0.1:{port}", pages, offline)
     finally:
-        chromium.close()
         server.shutdown()
     mode = "offline" if offline else "network allowed"
-    print(f"browser check: {len(pages)} pages, {failures} failing ({mode}, {time.monotonic() - start:.0f} s)")
+    print(f"browser check: {len(pages)} pages, {failures} failing, {warned} warnings "
+          f"({mode}, {time.monotonic() - start:.0f} s)")
     return 1 if failures else 0
 
 
