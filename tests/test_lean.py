@@ -1,5 +1,7 @@
 """The lean draft forward computes the same logits as transformers' cached forward, faster per call."""
 
+import inspect
+
 import pytest
 import torch
 from conftest import make_model
@@ -104,9 +106,15 @@ def test_rope_tables_that_follow_the_sequence_length_are_refused(rope):
     from specdec_ref.fast.lean import lean_unsupported
 
     torch.manual_seed(0)
+    # transformers 5 names the rope settings rope_parameters; 4.x took rope_scaling and rope_theta.
+    if "rope_parameters" in inspect.signature(LlamaConfig.__init__).parameters:
+        rope_kwargs = {"rope_parameters": rope}
+    else:
+        rope_kwargs = {"rope_scaling": {k: v for k, v in rope.items() if k != "rope_theta"},
+                       "rope_theta": rope["rope_theta"]}
     config = LlamaConfig(vocab_size=48, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
-                         rope_parameters=rope)
+                         **rope_kwargs)
     model = LlamaForCausalLM(config).eval()
     assert lean_unsupported(model) == static_unsupported(model) == \
         f"rope type {rope['rope_type']!r} depends on the sequence length"

@@ -48,3 +48,22 @@ def test_load_pair_gpt2_loads_offline_from_the_standin(tmp_path, tokenizer_folde
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == [2, 64, 4, 128, 50257, 50257, [464, 3139, 286, 4881, 318]]
+
+
+def test_agreeing_target_computes_the_drafts_logits():
+    """--agree: the target is the draft plus blocks that add nothing, so its logits are the draft's and a
+    greedy speculative run keeps every draft; the disagreeing pair's differ (each test can fail)."""
+    import torch
+
+    from specdec_ref import SamplingConfig, speculative_generate
+
+    draft = standin_hub.build_model(2, 64, 0)
+    target = standin_hub.agreeing_target(draft)
+    assert target.config.n_layer == 2 + standin_hub.SILENT_BLOCKS
+    ids = torch.tensor([[464, 3139, 286, 4881, 318]])
+    with torch.no_grad():
+        assert torch.equal(target(ids).logits, draft(ids).logits)
+        assert not torch.allclose(standin_hub.build_model(4, 128, 1)(ids).logits[..., :64], draft(ids).logits[..., :64])
+    out = speculative_generate(target, draft, ids, max_new_tokens=12, num_draft_tokens=4,
+                               sampling=SamplingConfig(temperature=0))
+    assert out.stats.accepted_tokens == out.stats.drafted_tokens > 0

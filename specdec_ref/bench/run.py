@@ -42,7 +42,15 @@ from ..fast.prepared import describe, plan
 from ..validation import check_integer
 from .arms import VARIANTS, Arm, ArmRunner, RunRecord, assisted_defaults, build_arms
 from .fast import compiled_generate_error, fast_section, fast_unsupported, gpt2_shapes_pair, measure_fast_costs
-from .pair import RANDOM_SHAPES, RandomPairShape, bench_prompts, load_bench_pair, measure_costs
+from .pair import (
+    RANDOM_SHAPES,
+    BenchPair,
+    RandomPairShape,
+    _prepared,
+    bench_prompts,
+    load_bench_pair,
+    measure_costs,
+)
 from .summary import BASELINE, greedy_mismatches, headline, summarize
 from .table import format_table
 from .trees import DEFAULT_TREES, parse_trees, tree_label, tree_section
@@ -78,6 +86,7 @@ class BenchConfig:
     linear: str = "auto"  # a key of LINEAR_KINDS; auto: packed where `packed.packing_unsupported` allows
     attention: str | None = None  # one of ATTENTIONS for both models (None: as loaded, sdpa)
     fast: bool | None = None  # fast-path arms (`bench.fast`); None: on a GPU, where the pair allows
+    compiled: bool | None = None  # a torch.compile'd `generate` baseline; None: on a GPU
     fast_k_values: tuple[int, ...] | None = None  # fixed K of the fast arms (None: k_values)
     trees: tuple = ()  # tree shapes (`bench.trees`): a tree arm each, next to the chain arms
 
@@ -96,12 +105,41 @@ class BenchConfig:
         build_arms(list(self.modes), list(self.k_values), nocache_k=self.nocache_k)  # raises on bad modes / K
 
 
-def run_benchmark(config: BenchConfig) -> dict:
-    """Run every arm and return the report (the dictionary written as JSON)."""
+def run_benchmark(config: BenchConfig, models: tuple | None = None) -> dict:
+    """Run every arm and return the report (the dictionary written as JSON).
+
+    Args:
+        config: the run.
+        models: (draft_model, target_model, tokenizer) already loaded (a chapter's pair),
+            used instead of loading `config.pair` again: no second copy of the target in
+            memory. They run as they are (so `config.linear` must be "plain" and
+            `config.attention` None) and get their generation configs back afterwards.
+    """
+    if models is None:
+        return _run(config, None)
+    if config.linear != "plain" or config.attention is not None:
+        raise ValueError("models are run as they are: pass linear='plain' and attention=None, got "
+                         f"linear={config.linear!r}, attention={config.attention!r}")
+    draft, target, tokenizer = models
+    saved = {model: model.generation_config for model in (draft, target)}
+    for model in saved:  # no_eos changes a copy
+        model.generation_config = copy.deepcopy(model.generation_config)
+    try:
+        return _run(config, _prepared(BenchPair(target, draft, tokenizer, config.pair,
+                                                f"the {config.pair} pair, as loaded")))
+    finally:
+        for model, generation_config in saved.items():
+            model.generation_config = generation_config
+
+
+def _run(config: BenchConfig, pair: BenchPair | None) -> dict:
+    """`run_benchmark` on `pair`, or on the pair `config` names when None."""
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if config.pair in ("gpt2-shapes", "gpt2-shapes-small"):  # random GPT-2 / GPT-2 XL shapes (bench.fast)
+    if pair is not None:
+        device = pair.device
+    elif config.pair in ("gpt2-shapes", "gpt2-shapes-small"):  # random GPT-2 / GPT-2 XL shapes (bench.fast)
         pair = gpt2_shapes_pair(device=device, dtype=DTYPES[config.dtype], small=config.pair.endswith("small"))
     else:
         pair = load_bench_pair(config.pair, device=device, dtype=DTYPES[config.dtype], shape=config.shape)
@@ -130,7 +168,7 @@ def run_benchmark(config: BenchConfig) -> dict:
     fast_k = list(config.fast_k_values or config.k_values)
     if fast:
         fast_costs = measure_fast_costs(pair, context=context, max_k=max(8, *fast_k), repeats=config.cost_repeats)
-    if device.type == "cuda":
+    if device.type == "cuda" if config.compiled is None else config.compiled:
         compile_error = compiled_generate_error(pair, prompts[0], config.max_new_tokens)
         variants += () if compile_error else ("compiled",)
     arms = build_arms(list(config.modes), list(config.k_values), nocache_k=config.nocache_k,

@@ -44,6 +44,8 @@ runs a packed model unchanged.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -56,8 +58,9 @@ _NO_SCALARS: list = []  # the kernel's post-op arguments: none
 _LINEAR = getattr(getattr(torch.ops.mkldnn, "_linear_pointwise", None), "default", None)
 
 
-def packing_unsupported(model: nn.Module) -> str | None:
-    """Why `pack_linear_layers` cannot pack `model` (None when it can)."""
+def packing_unsupported(model: nn.Module, dtype: torch.dtype | None = None) -> str | None:
+    """Why `pack_linear_layers` cannot pack `model`, once cast to `dtype` (None: as it
+    is), or None when it can."""
     if not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN (mkldnn) backend"
     if _LINEAR is None:
@@ -67,8 +70,22 @@ def packing_unsupported(model: nn.Module) -> str | None:
         return "the model has no parameters"
     if parameter.device.type != "cpu":
         return f"the model is on {parameter.device}, and prepacking is for CPU models"
-    if parameter.dtype not in PACKED_DTYPES:
-        return f"the model's dtype is {parameter.dtype}, not one of {PACKED_DTYPES}"
+    dtype = parameter.dtype if dtype is None else dtype
+    if dtype not in PACKED_DTYPES:
+        names = [str(kind).removeprefix("torch.") for kind in (*PACKED_DTYPES, dtype)]
+        return f"oneDNN packs {' and '.join(names[:-1])}, not {names[-1]}"
+    return _cpu_refuses(dtype)
+
+
+@functools.cache
+def _cpu_refuses(dtype: torch.dtype) -> str | None:
+    """Why this CPU's oneDNN cannot prepack `dtype`, or None: bfloat16 needs AVX-512 (BW, VL,
+    DQ) or AVX-NE-CONVERT, which an AVX2-only CPU lacks. Asked of oneDNN itself, once."""
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype), 1)
+    except RuntimeError as error:
+        name = str(dtype).removeprefix("torch.")
+        return f"this CPU's oneDNN cannot prepack {name}: {str(error).splitlines()[0]}"
     return None
 
 

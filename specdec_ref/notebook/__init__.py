@@ -18,6 +18,7 @@ from .pair import (
     cpu_threads,
     on_colab,
     open_pair,
+    pair_choice,
 )
 from .plots import (
     DPI,
@@ -48,6 +49,7 @@ __all__ = [
     "glue",
     "on_colab",
     "open_pair",
+    "pair_choice",
     "plot_distributions",
     "plot_pass_time",
     "plot_roofline",

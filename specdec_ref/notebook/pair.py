@@ -91,9 +91,9 @@ def on_colab() -> bool:
     return "google.colab" in sys.modules
 
 
-def choose_pair(override: str | None = None, *, colab: bool | None = None, cuda: bool | None = None,
-                environ: Mapping[str, str] | None = None) -> str:
-    """The name of the pair a notebook should load.
+def pair_choice(override: str | None = None, *, colab: bool | None = None, cuda: bool | None = None,
+                environ: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """The name of the pair a notebook should load, and why, in a phrase a reader can act on.
 
     Args:
         override: a pair name chosen in the notebook; wins over everything else.
@@ -102,7 +102,8 @@ def choose_pair(override: str | None = None, *, colab: bool | None = None, cuda:
         environ: the environment to read `SPECDEC_PAIR` from (default: `os.environ`).
 
     Returns:
-        `override`, else `$SPECDEC_PAIR`, else "gpt2" on Colab with a GPU, else "tiny".
+        (name, reason): `override`, else `$SPECDEC_PAIR`, else "gpt2" on Colab with a
+        GPU, else "tiny"; the reason says which of these decided.
 
     Raises:
         ValueError: if `override` or the variable is set but empty or not a string.
@@ -110,16 +111,28 @@ def choose_pair(override: str | None = None, *, colab: bool | None = None, cuda:
     if override is not None:
         if not isinstance(override, str) or not override.strip():
             raise ValueError(f"override must be a pair name such as 'tiny' or 'gpt2', got {override!r}")
-        return override.strip()
+        return override.strip(), f"PAIR = {override.strip()!r} in the set-up cell"
     environ = os.environ if environ is None else environ
     if PAIR_ENV in environ:
         value = environ[PAIR_ENV].strip()
         if not value:
             raise ValueError(f"the environment variable {PAIR_ENV} is set but empty; unset it or name a pair")
-        return value
+        return value, f"{PAIR_ENV}={value} in the environment"
     colab = on_colab() if colab is None else colab
     cuda = torch.cuda.is_available() if cuda is None else cuda
-    return GPU_PAIR if colab and cuda else CPU_PAIR
+    if colab and cuda:
+        return GPU_PAIR, "a GPU was found on Colab: the article's pair"
+    if colab:
+        return CPU_PAIR, "no GPU in this runtime (Runtime > Change runtime type > GPU)"
+    if cuda:
+        return CPU_PAIR, f"a GPU, but not Colab: set PAIR = {GPU_PAIR!r} for the article's"
+    return CPU_PAIR, "no GPU found: the tiny pair shipped with the package"
+
+
+def choose_pair(override: str | None = None, *, colab: bool | None = None, cuda: bool | None = None,
+                environ: Mapping[str, str] | None = None) -> str:
+    """The name of the pair a notebook should load (`pair_choice` without the reason)."""
+    return pair_choice(override, colab=colab, cuda=cuda, environ=environ)[0]
 
 
 @dataclass
@@ -131,6 +144,7 @@ class BookPair:
     target_model: PreTrainedModel  # the large model whose distribution the output must follow
     tokenizer: PreTrainedTokenizerBase  # shared by both models
     device: torch.device  # where both models live
+    reason: str = ""  # why this pair was chosen (`pair_choice`)
     _logit_scale: float | None = field(default=None, repr=False)  # measured once, by `logit_scale`
 
     @property
@@ -153,32 +167,37 @@ class BookPair:
         return probability_tolerance(self.dtype, self.logit_scale)
 
     @torch.no_grad()
-    def parting(self, ours: Sequence[int], theirs: Sequence[int]) -> tuple[int, float] | None:
+    def parting(self, ours: Sequence[int], theirs: Sequence[int],
+                model: PreTrainedModel | None = None) -> tuple[int, float] | None:
         """Where two greedy token lists first differ, and how near a tie it was.
 
         Returns None when they agree; else (i, gap): the first index where they differ
-        and |p(ours[i]) - p(theirs[i])| under the target's distribution after ours[:i].
-        Half precision can flip a near-tie (gap below `tolerance`); anything wider is a bug.
+        and |p(ours[i]) - p(theirs[i])| under the target's distribution after ours[:i]
+        (`model`'s, when given: a copy of the target in another dtype). Half precision,
+        or a GPU's kernels, can flip a near-tie (gap below `tolerance`); anything wider
+        is a bug.
         """
         i = next((j for j, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None)
         if i is None:
             return None if len(ours) == len(theirs) else (min(len(ours), len(theirs)), float("inf"))
         ids = torch.tensor([list(ours[:i])], device=self.device)  # (1, i)
-        p = self.target_model(ids).logits[0, -1].float().softmax(-1)  # the target's p at token i
+        model = self.target_model if model is None else model
+        p = model(ids).logits[0, -1].float().softmax(-1)  # the target's p at token i
         return i, abs(p[ours[i]] - p[theirs[i]]).item()
 
     def describe(self) -> str:
-        """Three short lines: the pair and its sizes, the vocabulary, the device and dtype."""
+        """Short lines: the pair and its sizes, the vocabulary, the device and dtype, why this pair."""
         def millions(model: PreTrainedModel) -> str:
             return f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M"
 
         where = self.device.type
         if self.device.type == "cuda":
             where = f"cuda ({torch.cuda.get_device_name(self.device)})"
+        why = f"\nwhy: {self.reason}" if self.reason else ""
         return (f"pair {self.name!r}: draft {millions(self.draft_model)}, "
                 f"target {millions(self.target_model)} parameters\n"
                 f"shared vocabulary: {len(self.tokenizer)} tokens\n"
-                f"device: {where}; dtype: {str(self.dtype).removeprefix('torch.')}")
+                f"device: {where}; dtype: {str(self.dtype).removeprefix('torch.')}{why}")
 
     def encode(self, text: str) -> torch.Tensor:
         """Token ids of `text`, shape (1, n), on the pair's device."""
@@ -207,7 +226,7 @@ def open_pair(override: str | None = None, *, device: torch.device | str | None 
 
     from ..models import PAIRS, load_pair
 
-    name = choose_pair(override)
+    name, reason = pair_choice(override)
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     # An embedded pair loads in a blink: its progress bars (widgets in a notebook) would
     # only clutter the page. Downloads of hub pairs keep theirs.
@@ -219,6 +238,6 @@ def open_pair(override: str | None = None, *, device: torch.device | str | None 
     finally:
         if quiet:
             hf_logging.enable_progress_bar()
-    return BookPair(name, draft_model.eval(), target_model.eval(), tokenizer, device)
+    return BookPair(name, draft_model.eval(), target_model.eval(), tokenizer, device, reason)
 
 
