@@ -25,8 +25,11 @@ sequence (position n - 1); node j sits in the cache at slot n - 1 + j and has
 position id n - 1 + depth(j). Invariants: as `speculative_generate`'s. The
 output follows the target's sampling exactly (greedy: its tokens); exactly
 `max_new_tokens` tokens unless an EOS comes first (the tree is cut to depth
-budget - 1 near the end); generation stops right after an EOS, even one inside
-an accepted path; after compaction, the caches give the logits of a fresh pass.
+budget - 1 near the end, and to what a `LeanForward` draft's buffers hold:
+its nodes take slots after the committed tokens); generation stops right
+after an EOS, even one inside an accepted path; after compaction, the caches
+give the logits of a fresh pass. Only models whose tree passes are exact are
+accepted (`tree_forward.tree_unsupported`: no ALiBi, no sliding window).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from .decoder import (
     GenerationOutput,
     GenerationStats,
     IterationRecord,
+    _check_capacity,
     cut_after_eos,
 )
 from .fast.lean import LeanForward
@@ -92,7 +96,11 @@ class ConfidentShape:
     top: int = 4  # the most children of one node
 
     def __post_init__(self) -> None:
-        if not self.levels or any(as_integer(n) is None or n < 1 for n in self.levels) \
+        # A list is taken as the tuple it spells; anything else is refused by name.
+        if isinstance(self.levels, list):
+            object.__setattr__(self, "levels", tuple(self.levels))
+        if not isinstance(self.levels, tuple) or not self.levels \
+                or any(as_integer(n) is None or n < 1 for n in self.levels) \
                 or as_integer(self.top) is None or self.top < 1:
             raise ValueError("ConfidentShape needs levels, a non-empty tuple of integers >= 1 "
                              f"(nodes per level), and top >= 1, got {self.levels!r}, {self.top!r}")
@@ -212,6 +220,21 @@ def tree_speculative_step(
     return sequence, record, hit_eos
 
 
+def draft_slots(widths: tuple[int, ...] | ConfidentShape) -> int:
+    """The most nodes the draft is fed while growing a tree of shape `widths`
+    (each takes a cache slot after the n - 1 committed tokens): the root and
+    every level but the last, whose nodes are never fed; 0 for no tree."""
+    if not widths:
+        return 0
+    if isinstance(widths, ConfidentShape):
+        return 1 + sum(widths.levels[:-1])
+    count, level = 1, 1
+    for width in widths[:-1]:
+        level *= width
+        count += level
+    return count
+
+
 def check_widths(widths: object) -> tuple[int, ...] | ConfidentShape:
     """`widths` as a tuple of Python ints >= 1, at least one level (or a
     `ConfidentShape`, as it is)."""
@@ -258,8 +281,10 @@ def tree_speculative_generate(
         and `stats.tokens_per_target_call` is the block efficiency.
 
     Raises:
-        ValueError / TypeError: for any malformed argument (`validation`),
-            or a model whose cache cannot be compacted (sliding windows).
+        ValueError / TypeError: for any malformed argument (`validation`), a
+            model whose tree passes are not exact (ALiBi, sliding windows, a
+            family not in `tree_forward.TREE_MODEL_TYPES`), or a draft whose
+            cache cannot hold the prompt and `max_new_tokens`.
     """
     widths = check_widths(widths)
     if not isinstance(draft_model, (PreTrainedModel, LeanForward)):
@@ -270,12 +295,21 @@ def tree_speculative_generate(
     models = {"target_model": target_model, "draft_model": draft_weights}
     check_generation_args(models, input_ids, max_new_tokens, sampling,
                           generator)
-    target, draft = tree_source(target_model), tree_source(draft_model)
+    # A LeanForward's buffers must hold the whole output, as in the chain.
+    _check_capacity(draft_model, input_ids.size(1) + max_new_tokens, "draft_model")
+    target = tree_source(target_model, "target_model")
+    draft = tree_source(draft_model, "draft_model")
     eos = eos_set(eos_token_id)
     sequence, stats, trace = input_ids, GenerationStats(), []
     while stats.new_tokens < max_new_tokens:
         # Never past the budget: a tree of depth D emits up to D + 1 tokens.
         depth = min(len(widths), max_new_tokens - stats.new_tokens - 1)
+        # Nor past a draft's fixed cache: its nodes take slots after the
+        # n - 1 committed tokens, so near its end the tree grows shallower
+        # (depth 1 always fits: n <= prompt + max_new_tokens - 2).
+        while depth and draft.capacity is not None and \
+                sequence.size(1) - 1 + draft_slots(widths[:depth]) > draft.capacity:
+            depth -= 1
         sequence, record, hit_eos = tree_speculative_step(
             target, draft, sequence, widths[:depth] if depth else (), sampling,
             generator, eos)

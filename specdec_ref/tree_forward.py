@@ -15,6 +15,13 @@ Two sources answer the same calls (`forward`, `keep`): `TreeForward`, any
 `transformers` model and its `DynamicCache` (the teaching path), and
 `LeanTreeForward`, a Llama-style draft through `fast.lean.LeanForward`'s
 preallocated buffers (the fast path). `tree_source` picks the one that fits.
+
+A tree pass is exact only on a model whose attention depends on the position ids
+and the mask alone. ALiBi models (MPT, Bloom, Falcon with `alibi=True`) bias each
+key by its cache slot, so a node's siblings would count as distance; sliding-window
+caches cannot be compacted. The families whose tree output is verified token for
+token against `generate` (`tests/test_tree_families.py`) are `TREE_MODEL_TYPES`;
+`tree_unsupported` says why any other model is refused, before anything runs.
 """
 
 from __future__ import annotations
@@ -27,6 +34,32 @@ from transformers.cache_utils import DynamicLayer
 
 from .fast.lean import LeanForward
 from .kv_cache import forward_keywords, uses_sliding_window
+
+# Model types whose tree decoding is verified token for token against `generate`
+# (greedy, float32, random-init models: tests/test_tree_families.py).
+TREE_MODEL_TYPES = ("codegen", "falcon", "gemma", "gpt2", "gpt_bigcode", "gpt_neox", "gptj", "llama",
+                    "mistral", "olmo", "opt", "phi", "phi3", "qwen2", "qwen3", "starcoder2")
+# Model types that bias attention by a key's cache slot (ALiBi), whatever the position ids.
+ALIBI_MODEL_TYPES = ("bloom", "mpt")
+
+
+def tree_unsupported(model: PreTrainedModel) -> str | None:
+    """Why a tree pass would not be exact on `model` (None: it is verified).
+
+    Checked from the config alone, before any pass: ALiBi first (the silent
+    error), then sliding windows, then the list of verified families."""
+    config = model.config
+    kind = getattr(config, "model_type", None)
+    if kind in ALIBI_MODEL_TYPES or getattr(config, "alibi", False):
+        return (f"model type {kind!r} biases attention by cache slot (ALiBi), not by position "
+                "id, so a node's siblings would count as distance")
+    window = getattr(config, "sliding_window", None)  # Qwen2 sets one that it does not use
+    if uses_sliding_window(config) or (window and getattr(config, "use_sliding_window", True)):
+        return (f"it uses sliding-window attention (sliding_window={window}), and the tree "
+                "decoder compacts full-attention caches only")
+    if kind not in TREE_MODEL_TYPES:
+        return f"model type {kind!r} is not verified exact for trees (verified: {', '.join(TREE_MODEL_TYPES)})"
+    return None
 
 
 @dataclass
@@ -101,6 +134,7 @@ class TreeSource:
     first..last - 1 (the root is node 0); it returns the nodes' logits."""
 
     forward_calls: int
+    capacity: int | None = None  # the most cache entries it can hold (None: no limit)
 
     @property
     def cached_length(self) -> int:
@@ -143,15 +177,15 @@ class TreeForward(TreeSource):
     """A `transformers` model and its `DynamicCache`, fed a tree through a
     4-D mask."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
-        name = type(model).__name__
-        if uses_sliding_window(model.config):
-            raise ValueError(f"{name} uses sliding-window attention: the "
-                             "tree decoder compacts full-attention caches only")
+    def __init__(self, model: PreTrainedModel, name: str = "model") -> None:
+        reason = tree_unsupported(model)
+        if reason is not None:
+            raise ValueError(f"{name} ({type(model).__name__}) cannot be decoded with a tree: "
+                             f"{reason}; use speculative_generate (a chain of drafts)")
         self.model = model
         self.cache = DynamicCache(config=model.config)
         if any(type(layer) is not DynamicLayer for layer in self.cache.layers):
-            raise ValueError(f"{name}'s cache has layers other than "
+            raise ValueError(f"{name} ({type(model).__name__})'s cache has layers other than "
                              "DynamicLayer: the tree decoder cannot compact it")
         self.forward_calls = 0
         self._cache_kwarg, self._logits_to_keep = forward_keywords(model)
@@ -205,6 +239,7 @@ class LeanTreeForward(TreeSource):
         self.lean = lean
         self.lean.rollback(0)  # a fresh sequence
         self.forward_calls = 0
+        self.capacity = lean.max_length  # its buffers' columns
 
     @property
     def cached_length(self) -> int:
@@ -213,7 +248,9 @@ class LeanTreeForward(TreeSource):
     def _pass(self, ids: list[int], positions: list[int],
               allowed: torch.Tensor, count: int) -> torch.Tensor:
         device = self.lean.embed.device
-        mask = None if len(ids) == 1 else allowed.to(device)  # one row sees all
+        # No mask only where every row sees every key: a one-node level
+        # below a wider one must still not see its parent's siblings.
+        mask = None if bool(allowed.all()) else allowed.to(device)
         return self.lean.tree_logits(torch.tensor(ids, device=device),
                                      torch.tensor(positions, device=device),
                                      mask, count)
@@ -222,12 +259,16 @@ class LeanTreeForward(TreeSource):
         self.lean.keep(slots)
 
 
-def tree_source(model: PreTrainedModel | LeanForward) -> TreeSource:
+def tree_source(model: PreTrainedModel | LeanForward, name: str = "model") -> TreeSource:
     """The tree source for a model: `LeanTreeForward` for a `LeanForward`
-    (as `fast.prepare` makes for a draft), else `TreeForward`."""
+    (as `fast.prepare` makes for a draft), else `TreeForward`.
+
+    Raises:
+        TypeError: for anything else; ValueError: naming `name`, for a model
+            whose tree passes are not exact (`tree_unsupported`)."""
     if isinstance(model, LeanForward):
         return LeanTreeForward(model)
     if isinstance(model, PreTrainedModel):
-        return TreeForward(model)
-    raise TypeError("a tree decoder's model must be a transformers model or a "
+        return TreeForward(model, name)
+    raise TypeError(f"{name} of a tree decoder must be a transformers model or a "
                     f"fast.lean.LeanForward, got {type(model).__name__}")

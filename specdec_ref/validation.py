@@ -64,6 +64,22 @@ def check_integer(name: str, value: object, *, minimum: int, maximum: int | None
     return number
 
 
+def check_sequence(sequence: object, name: str = "sequence") -> None:
+    """A logits source's input: an integer tensor of shape (1, n), n >= 1.
+
+    Raises:
+        TypeError: naming `name`, for anything but an integer tensor.
+        ValueError: naming `name`, for another shape (a batch, a 1-D sequence).
+    """
+    if not isinstance(sequence, torch.Tensor) or sequence.is_floating_point() or sequence.is_complex() \
+            or sequence.dtype == torch.bool:
+        kind = f"a tensor of dtype {sequence.dtype}" if isinstance(sequence, torch.Tensor) else type(sequence).__name__
+        raise TypeError(f"{name} must be an integer tensor of token ids, shape (1, n), got {kind}")
+    if sequence.dim() != 2 or sequence.size(0) != 1 or sequence.size(1) == 0:
+        raise ValueError(f"{name} must have shape (1, n), got {tuple(sequence.shape)}: one sequence of n >= 1 "
+                         "tokens")
+
+
 def eos_set(eos_token_id: object) -> set[int]:
     """The end-of-sequence ids as a set of Python ints (empty: never stop early).
 

@@ -14,14 +14,17 @@ from specdec_ref.kv_cache import CachedForward
 from specdec_ref.rejection import residual_distribution
 from specdec_ref.sampling import SamplingConfig, logits_to_probs, sample
 
-BUGS = ("residual_p", "untempered_q", "bonus_position")
+BUGS = ("residual_p", "untempered_q", "bonus_position", "reused_uniform")
 
 
 @torch.no_grad()
 def buggy_generate(target, draft, input_ids, *, max_new_tokens, num_draft_tokens, sampling, generator, bug=None):
     """Speculative sampling with one bug: "residual_p" (a rejection resamples from p, the
     skipped adjustment), "untempered_q" (drafts drawn at the temperature, the rule given q
-    at T = 1), "bonus_position" (the bonus drawn from p_{K-1}); None: exact. Returns a
+    at T = 1), "bonus_position" (the bonus drawn from p_{K-1}), "reused_uniform" (the
+    residual drawn by inverse CDF in token-id order with the uniform that rejected the
+    draft, which is then uniform on [p/q, 1), not on [0, 1): high ids come too often;
+    first-token TV 0.083 on the tests' random 64-token pair); None: exact. Returns a
     `GenerationOutput` whose trace gives each block's emitted tokens."""
     assert bug in BUGS + (None,)
     sequence, n, trace = input_ids, input_ids.size(1), []
@@ -43,7 +46,12 @@ def buggy_generate(target, draft, input_ids, *, max_new_tokens, num_draft_tokens
                 emitted.append(x)
                 continue
             after = p[i] if bug == "residual_p" else residual_distribution(p[i], q_rule[i])
-            emitted.append(int(sample(after, generator)))
+            if bug == "reused_uniform":  # inverse CDF over the ids, at the rejecting u
+                cdf = after.double().cumsum(0)  # (V,)
+                last = int(after.nonzero().max())  # rounding may leave cdf[-1] below u
+                emitted.append(min(int(torch.searchsorted(cdf, u, right=True)), last))
+            else:
+                emitted.append(int(sample(after, generator)))
             break
         else:
             emitted.append(int(sample(p[k - 1] if bug == "bonus_position" and k else p[k], generator)))

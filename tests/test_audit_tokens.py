@@ -72,7 +72,8 @@ def test_every_token_audit_passes_the_prepared_path(pair):
 
 @pytest.mark.parametrize("bug", BUGS + ("stale_cache",))
 def test_every_token_audit_flags_the_bugs(pair, bug):
-    """A residual drawn from p, p tempered but not q, the bonus from p_{K-1}, a cache fed the prefix again: FAIL."""
+    """A residual drawn from p, p tempered but not q, the bonus from p_{K-1}, a residual drawn in id order with
+    the rejecting uniform, a cache fed the prefix again: FAIL."""
     target, draft = pair
     sampling = COOL if bug == "untempered_q" else WARM
     if bug == "stale_cache":
@@ -87,6 +88,32 @@ def test_every_token_audit_flags_the_bugs(pair, bug):
     assert not result.passed and result.p_value < 1e-4, result.summary()
     if bug == "bonus_position":
         assert result.worst == f"offset {K}"  # the bonus slot, found by its own stratum
+
+
+def test_the_id_ranking_sees_an_inverse_cdf_in_id_order(pair):
+    """The residual drawn in id order with the uniform that rejected the draft (first-token TV 0.083): ranked
+    by p its error scatters and the audit misses it; the default, both rankings, fails it in the id one."""
+    target, draft = pair
+
+    def generate(ids, g):
+        return buggy_generate(target, draft, ids, max_new_tokens=TOKENS, num_draft_tokens=K, sampling=WARM,
+                              generator=g, bug="reused_uniform")
+
+    assert run_audit(generate, target, order="probability").passed  # what the old default said
+    result = run_audit(generate, target)
+    assert not result.passed and result.worst.endswith("(by id)"), result.summary()
+
+
+def test_the_pass_line_states_a_bound_on_binned_u_not_on_tokens(pair):
+    """A PASS states the distance it would catch as a TV of the binned u, in at most 80 characters; the
+    default tests both rankings, each at half the level (its stated distance is the probability ranking's)."""
+    target, draft = pair
+    generate = exact_decoders(target, draft)["cached"]
+    both, alone = run_audit(generate, target), run_audit(generate, target, order="probability")
+    line = both.summary()
+    assert both.passed and "TV of the binned u" in line and len(line) <= 80, line
+    assert {name.endswith("(by id)") for name, _, _ in both.strata} == {True, False}
+    assert alone.detectable_tv < both.detectable_tv < 1.1 * alone.detectable_tv
 
 
 class Bigram(torch.nn.Module):

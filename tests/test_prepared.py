@@ -139,3 +139,43 @@ def test_a_sliding_window_target_keeps_its_attention_and_dtype(monkeypatch):
     assert target.dtype == torch.float32 and target.config._attn_implementation != GROUPED
     assert "sliding window" in fast.choices["attention"] and "needs grouped" in fast.choices["dtype"]
     assert all(len(line) <= 80 for line in fast.describe().splitlines())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
+def test_a_dtype_onednn_cannot_pack_is_prepared_unpacked(dtype):
+    """float16 or float64 asked for on a CPU: the plan judges packing in that dtype (not the one
+    loaded), so prepare leaves the layers plain, both models in that dtype, and greedy exact."""
+    draft, target = llama_pair()
+    chosen = prepared_module.plan(draft, target, dtype=dtype)
+    assert not chosen.pack and str(dtype).removeprefix("torch.") in chosen.choices["linear"]
+    fast = prepare(draft, target, dtype=dtype)
+    assert target.dtype == draft.dtype == dtype and not is_packed(target) and not is_packed(draft)
+    prompt = torch.tensor([[3, 4, 5]])
+    expected = fast.target_model.generate(prompt, max_new_tokens=16, min_new_tokens=16, do_sample=False)
+    out = speculative_generate(fast.target, fast.draft, prompt, max_new_tokens=16, sampling=GREEDY)
+    assert torch.equal(out.sequences, expected)
+    assert all(len(line) <= 80 for line in fast.describe().splitlines())
+
+
+def snapshot(model) -> tuple:
+    """What prepare may change: parameters (dtype and values), layer classes, attention."""
+    return ([(name, p.dtype, p.detach().clone()) for name, p in model.named_parameters()],
+            [type(m).__name__ for m in model.modules()], model.config._attn_implementation)
+
+
+def same(before: tuple, after: tuple) -> bool:
+    params = all(n1 == n2 and d1 == d2 and torch.equal(p1, p2)
+                 for (n1, d1, p1), (n2, d2, p2) in zip(before[0], after[0], strict=True))
+    return params and before[1:] == after[1:]
+
+
+@pytest.mark.parametrize("kwargs", [{"max_length": "x"}, {"max_length": -5}, {"max_length": 2.5},
+                                    {"dtype": torch.int64}])
+def test_a_refused_prepare_leaves_both_models_as_they_were(kwargs):
+    """Every argument is checked before the first model is touched: a ValueError naming it,
+    and the same parameters, dtypes, layers and attention as before."""
+    draft, target = llama_pair()
+    before = snapshot(draft), snapshot(target)
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        prepare(draft, target, **kwargs)
+    assert same(before[0], snapshot(draft)) and same(before[1], snapshot(target))

@@ -113,6 +113,60 @@ def test_lean_tree_caches_stay_exact_and_sample_as_the_model_does():
         source.keep(list(range(kept)))
 
 
+def test_lean_tree_masks_a_one_node_level():
+    """A level of one node below a level of three (ConfidentShape((3, 1, 1, 1))'s shape): the
+    lean pass still masks its parent's siblings, so its logits are TreeForward's (1e-5)."""
+    model = make_model("llama", layers=2, seed=1)
+    sequence = torch.tensor([[5, 6, 7, 8]])
+    tree = DraftTree.rooted(8)
+    for parent, token in [(0, 11), (0, 12), (0, 13), (2, 14), (4, 15), (5, 16)]:
+        tree.add(parent, token)
+    lean, plain = LeanTreeForward(LeanForward(model, max_length=64)), TreeForward(model)
+    for first, last in [(0, 1), (1, 4), (4, 5), (5, 6), (6, 7)]:  # level by level, as drafting feeds it
+        expected = plain.forward(sequence, tree, first, last)
+        assert torch.allclose(lean.forward(sequence, tree, first, last), expected, atol=1e-5), (first, last)
+
+
+def test_a_lean_draft_equal_to_the_target_accepts_every_draft():
+    """Draft = target through LeanForward, one-node levels below wider ones: every drafted child
+    the target judges is accepted, and the tokens are generate's."""
+    target = make_model("llama", layers=2, seed=1)
+    prompt = torch.tensor([[3, 4, 5, 6, 7]])
+    expected = target.generate(prompt, max_new_tokens=60, min_new_tokens=60, do_sample=False)
+    out = tree_speculative_generate(target, LeanForward(target, max_length=128), prompt, max_new_tokens=60,
+                                    widths=ConfidentShape((3, 1, 1, 1), top=3), sampling=GREEDY)
+    assert torch.equal(out.sequences, expected)
+    assert out.stats.accepted_tokens == out.stats.judged_tokens > 30
+
+
+@pytest.mark.parametrize("widths", [(3, 2, 1), ConfidentShape((4, 4, 4), top=3)])
+def test_a_lean_draft_fills_its_cache_without_running_past_it(widths):
+    """A LeanForward of 64 columns, a 50-token prompt, 14 new tokens: the tree's nodes take slots
+    past the committed tokens, so near the end it grows shallower; greedy gives generate's tokens."""
+    target = make_model("llama", layers=2, seed=1)
+    draft = noisy_copy(target, noise=0.3, seed=3)
+    prompt = torch.randint(2, 48, (1, 50), generator=torch.Generator().manual_seed(0))
+    expected = target.generate(prompt, max_new_tokens=14, min_new_tokens=14, do_sample=False)
+    out = tree_speculative_generate(target, LeanForward(draft, max_length=64), prompt, max_new_tokens=14,
+                                    widths=widths, sampling=GREEDY)
+    assert torch.equal(out.sequences, expected)
+    sampled = tree_speculative_generate(target, LeanForward(draft, max_length=64), prompt, max_new_tokens=14,
+                                        widths=widths, generator=torch.Generator().manual_seed(0))
+    assert sampled.sequences.shape == (1, 64)
+
+
+def test_a_lean_draft_too_short_for_the_request_is_refused_up_front():
+    """Prompt + max_new_tokens past the LeanForward's max_length: a ValueError naming it, before any pass."""
+    target = make_model("llama", layers=2, seed=1)
+    lean = LeanForward(noisy_copy(target, noise=0.3, seed=3), max_length=64)
+    calls = []
+    target.register_forward_pre_hook(lambda *_: calls.append(1))
+    prompt = torch.randint(2, 48, (1, 50), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="draft_model holds at most max_length=64 tokens.*need 65"):
+        tree_speculative_generate(target, lean, prompt, max_new_tokens=15, widths=(3, 2, 1), sampling=GREEDY)
+    assert not calls and lean.forward_calls == 0
+
+
 def test_confident_counts_give_the_budget_to_the_most_confident():
     """Two nodes: the confident one (score 0.9, its top token 0.8) gets most children."""
     confidence = torch.tensor([[0.8, 0.1, 0.05, 0.05], [0.4, 0.3, 0.2, 0.1]], dtype=torch.float64)

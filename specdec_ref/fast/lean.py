@@ -42,7 +42,7 @@ from transformers import PreTrainedModel
 
 from ..kv_cache import uses_sliding_window
 from ..timing import time_call
-from ..validation import check_integer, model_device, vocab_size
+from ..validation import check_integer, check_sequence, model_device, vocab_size
 from .blocks import length_dependent_rope
 
 # Model types whose decoder block is exactly: RMSNorm, rotary attention (optional
@@ -125,9 +125,7 @@ class LeanForward:
         Feeds only the tokens past `length`, which must include the last
         `num_positions` positions (as `CachedForward.last_logits`).
         """
-        if not isinstance(sequence, torch.Tensor) or sequence.dim() != 2 or sequence.size(0) != 1:
-            shape = tuple(sequence.shape) if isinstance(sequence, torch.Tensor) else type(sequence).__name__
-            raise ValueError(f"sequence must have shape (1, n), got {shape}")
+        check_sequence(sequence)
         seen, end = self.length, sequence.size(1)
         if end - seen < num_positions:
             raise ValueError(f"num_positions={num_positions} but only {end - seen} tokens are unseen "
@@ -204,7 +202,7 @@ class LeanForward:
 
     def rollback(self, length: int) -> None:
         """Forget every cached token after the first `length` ones (their columns are overwritten later)."""
-        self.length = min(self.length, length)
+        self.length = min(self.length, check_integer("length", length, minimum=0))
 
 
 def _block_weights(layer: torch.nn.Module) -> dict:

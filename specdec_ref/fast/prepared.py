@@ -36,12 +36,12 @@ import torch
 from transformers import PreTrainedModel
 
 from ..kv_cache import LogitsSource, uses_sliding_window
-from ..validation import model_device
+from ..validation import check_integer, model_device
 from .batch_invariant import GROUPED, use_rowwise_attention
 from .blocks import static_unsupported
 from .lean import LeanForward, lean_unsupported
 from .packed import pack_linear_layers, packing_unsupported
-from .static import StaticForward
+from .static import StaticForward, position_limit
 
 
 @dataclass
@@ -100,10 +100,26 @@ def grouped_unsupported(model: PreTrainedModel) -> str | None:
     return None
 
 
+def check_pair(draft_model: object, target_model: object) -> None:
+    """Both models are `transformers` models on one device; else a TypeError / ValueError
+    naming the argument (a `LeanForward` or `StaticForward` is what `prepare` makes, not
+    what it takes)."""
+    for name, model in (("draft_model", draft_model), ("target_model", target_model)):
+        if not isinstance(model, PreTrainedModel):
+            raise TypeError(f"{name} must be a transformers PreTrainedModel (prepare builds the "
+                            f"LeanForward or StaticForward itself), got {type(model).__name__}")
+    device = model_device(target_model)
+    if model_device(draft_model) != device:
+        raise ValueError(f"draft_model is on {model_device(draft_model)} but target_model on {device}: "
+                         "put both on one device before prepare")
+
+
 def plan(draft_model: PreTrainedModel, target_model: PreTrainedModel, *,
          dtype: torch.dtype | None = None) -> Plan:
     """What `prepare` would do to this pair on its device; changes nothing (the benchmark
-    records its choices next to its arms)."""
+    records its choices next to its arms). Every choice is made for the dtype the
+    models will have, not the one they have now."""
+    check_pair(draft_model, target_model)
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ValueError(f"dtype must be a floating-point torch.dtype or None, got {dtype!r}")
     device, loaded = model_device(target_model), target_model.dtype
@@ -125,7 +141,9 @@ def plan(draft_model: PreTrainedModel, target_model: PreTrainedModel, *,
     else:
         dtype, why = loaded, "no native bfloat16 on this CPU"
     choices = {"dtype": f"{_name(dtype)} ({why}; loaded as {_name(loaded)})"}
-    unpackable = next((r for r in map(packing_unsupported, (draft_model, target_model)) if r), None)
+    # Packed in the dtype they are cast to: oneDNN packs float32 and bfloat16 only.
+    unpackable = next((r for r in (packing_unsupported(m, dtype) for m in (draft_model, target_model)) if r),
+                      None)
     choices["linear"] = f"as loaded ({unpackable})" if unpackable else "prepacked by oneDNN, in both models"
     choices["attention"] = (f"target as loaded ({not_grouped})" if not_grouped
                             else f"target {GROUPED}: each row of a pass is a step's, bit for bit")
@@ -149,22 +167,27 @@ def prepare(draft_model: PreTrainedModel, target_model: PreTrainedModel, *,
         A `FastPair`; its `describe()` says what was chosen.
 
     Raises:
-        ValueError: if the models are on different devices, or `dtype` is not a
-            floating-point torch.dtype.
+        TypeError: if a model is not a `transformers` model.
+        ValueError: if the models are on different devices, `dtype` is not a
+            floating-point torch.dtype, or `max_length` is not None or an integer
+            >= 1 (on a GPU, within the model's positions). Nothing is changed then:
+            the whole plan is checked before the first model is touched.
     """
-    device = model_device(target_model)
-    if model_device(draft_model) != device:
-        raise ValueError(f"draft_model is on {model_device(draft_model)} but target_model on {device}: "
-                         "put both on one device before prepare")
+    # 1. Check everything, change nothing.
     chosen = plan(draft_model, target_model, dtype=dtype)
-    choices = dict(chosen.choices)
     models = {"target": target_model, "draft": draft_model}
+    # On a GPU the static caches hold max_length tokens, within each model's positions.
+    limit = min((position_limit(models[role]) for role in chosen.static), default=None)
+    check_integer("max_length", max_length, minimum=1, maximum=limit, optional=True)
+    choices = dict(chosen.choices)
+    # 2. The attention first: transformers may still refuse it, before any weight changed.
+    if chosen.grouped:
+        use_rowwise_attention(target_model, GROUPED)
+    # 3. Then the dtype and the packed layers, which the plan has checked for that dtype.
     for model in models.values():
         cast(model.eval(), chosen.dtype)
         if chosen.pack:
             pack_linear_layers(model)
-    if chosen.grouped:
-        use_rowwise_attention(target_model, GROUPED)
     sources = {role: StaticForward(model, max_length, max_graph_tokens=16) if role in chosen.static else model
                for role, model in models.items()}
     if "target" in chosen.static:

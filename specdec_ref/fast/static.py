@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from ..validation import check_integer, model_device
+from ..validation import check_integer, check_sequence, model_device
 from .blocks import model_blocks
 
 # Without max_length: the model's own limit, but never more than this many positions
@@ -69,11 +69,14 @@ class StaticForward:
                 largest K the decoder will use).
 
         Raises:
+            TypeError: if `model` is not a `transformers` model (e.g. a `LeanForward`).
             ValueError: if the model is not supported, or an argument is out of range;
                 RuntimeError: if `cuda_graphs` is asked for off a CUDA device.
         """
+        if not isinstance(model, PreTrainedModel):
+            raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
         device = model_device(model)
-        limit = _position_limit(model)
+        limit = position_limit(model)
         length = min(limit, DEFAULT_MAX_LENGTH) if max_length is None else max_length
         # max_length may not pass the model's position limit.
         length = check_integer("max_length", length, minimum=1, maximum=limit)
@@ -115,6 +118,7 @@ class StaticForward:
         Feeds only the tokens past `length`, which must include the last
         `num_positions` positions (as `CachedForward.last_logits`).
         """
+        check_sequence(sequence)
         seen, end = self.length, sequence.size(1)
         m = end - seen
         if m < num_positions or num_positions < 1:
@@ -171,7 +175,7 @@ class StaticForward:
     def rollback(self, length: int) -> None:
         """Forget every cached token after the first `length` ones: only the length moves
         (their columns are masked until a later pass overwrites them)."""
-        self.length = min(self.length, length)
+        self.length = min(self.length, check_integer("length", length, minimum=0))
 
     def _weights_fingerprint(self) -> list[tuple]:
         return [(t.data_ptr(), t.dtype, t.device) for t in self._watched]
@@ -209,7 +213,7 @@ class _GraphedPass:
         return self.logits
 
 
-def _position_limit(model: PreTrainedModel) -> int:
-    """The most positions the model's config allows."""
+def position_limit(model: PreTrainedModel) -> int:
+    """The most positions the model's config allows (a `StaticForward`'s longest max_length)."""
     config = model.config
     return int(getattr(config, "n_positions", None) or config.max_position_embeddings)
