@@ -8,8 +8,11 @@ PIP_TORCH_FLAGS := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 # pytest-xdist workers for the unit tests (each test uses one torch thread).
 PYTEST_WORKERS ?= -n 2
 
-# $(call timed,name,command): run a command and print its wall time in seconds.
-timed = start=$$(date +%s); $(2); status=$$?; echo "time: $(1) $$(( $$(date +%s) - start )) s"; exit $$status
+# $(call timed,name,command): run a command, print its wall time in seconds and add it
+# to $(TIMES), which `make test` prints as one table at its end.
+TIMES := .test-times
+timed = start=$$(date +%s); $(2); status=$$?; took=$$(( $$(date +%s) - start )); \
+	echo "time: $(1) $$took s"; echo "$(1) $$took" >> $(TIMES); exit $$status
 
 .PHONY: setup demo bench bench-gpu execute test test-floor lint clean book book-build static nbval nbval-half nbval-colab browser-check chromium
 
@@ -49,6 +52,7 @@ execute: setup
 # them (the article's pair, stood in twice: make nbval-colab), the book with warnings as
 # errors, and every built page in a real browser. Each step prints its wall time.
 test: setup static
+	@rm -f $(TIMES)
 	@$(call timed,ruff,$(BIN)/ruff check specdec_ref tests scripts book/_ext)
 	@$(call timed,pytest,$(BIN)/python -m pytest -q $(PYTEST_WORKERS))
 	@$(call timed,nbval,$(MAKE) --no-print-directory nbval)
@@ -56,6 +60,8 @@ test: setup static
 	@$(call timed,nbval-colab,$(MAKE) --no-print-directory nbval-colab)
 	@$(call timed,book,$(MAKE) --no-print-directory book-build)
 	@$(call timed,browser,$(BIN)/python scripts/browser_check.py)
+	@echo "make test, wall time per step:"; \
+	awk '{printf "  %-12s %5d s\n", $$1, $$2; total += $$2} END {printf "  %-12s %5d s\n", "total", total}' $(TIMES)
 
 # The book: MathJax and the widget manager are copied into it (offline reading). The
 # old pages go first, so that no page of a removed chapter lingers in _build/html.

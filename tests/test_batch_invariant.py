@@ -5,7 +5,7 @@ import copy
 
 import pytest
 import torch
-from conftest import make_model, torch_threads
+from conftest import make_model, needs_bf16_packing, torch_threads
 
 from specdec_ref import SamplingConfig, speculative_generate
 from specdec_ref.fast.batch_invariant import (
@@ -32,6 +32,7 @@ def one_by_one_and_together(model, rows: int = 6):
     return alone, source.last_logits(sequence[:, :30 + rows], rows)
 
 
+@needs_bf16_packing
 @pytest.mark.skipif(not CAN_PACK, reason="this torch build cannot prepack linear layers")
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("rows", [2, 6])

@@ -4,7 +4,7 @@ import random
 
 import pytest
 import torch
-from conftest import chi_square_pvalue, exact_joint_law, generator_on, make_model, noisy_copy
+from conftest import chi_square_pvalue, exact_joint_law, generator_on, make_model, needs_bf16_packing, noisy_copy
 
 from specdec_ref import SamplingConfig, rejection, speculative_generate
 from specdec_ref.batched import BatchedForward, accept_reject_rows, batched_speculative_generate
@@ -270,6 +270,7 @@ def test_rows_near_the_context_limit_never_get_drafts_past_their_budget(sampling
                 assert torch.equal(out.sequences, expected)
 
 
+@needs_bf16_packing
 @pytest.mark.parametrize("attention", ["grouped_eager", "rowwise_sdpa"])
 def test_bfloat16_padded_batches_are_row_invariant_with_rowwise_attention(attention):
     """bfloat16, prepacked, grouped eager or row-by-row attention: a padded batch's logits are,

@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from conftest import torch_threads
+from conftest import needs_bf16_packing, torch_threads
 
 from specdec_ref.bench.arms import Arm, RunRecord
 from specdec_ref.bench.run import BASELINES, format_table, greedy_mismatches, main
@@ -116,6 +116,7 @@ def test_bench_greedy_arms_match_the_baseline(bench_run):
     assert all(name in table for name in ARM_NAMES)
 
 
+@needs_bf16_packing
 @pytest.mark.skipif(not PACKED, reason="this torch build cannot prepack linear layers")
 def test_bfloat16_grouped_run_times_every_baseline_variant_and_stays_greedy_exact(tmp_path):
     """bfloat16, prepacked, grouped eager attention: generate also plain, with sdpa, in float32

@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import needs_bf16_packing
 
 from specdec_ref.bench import default_path
 from specdec_ref.reports import read_report, report_names
@@ -12,6 +13,7 @@ from specdec_ref.reports import read_report, report_names
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@needs_bf16_packing
 def test_a_short_run_times_every_arm_and_the_snippet_is_greedy_exact(tmp_path):
     out = tmp_path / "default-path.json"
     result = default_path.main(["--prompts", "1", "--max-new-tokens", "10", "--repeats", "1", "--threads", "1",

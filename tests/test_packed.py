@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from conftest import chi_square_pvalue, exact_joint_law, make_model, noisy_copy, torch_threads
+from conftest import chi_square_pvalue, exact_joint_law, make_model, needs_bf16_packing, noisy_copy, torch_threads
 
 from specdec_ref import SamplingConfig, speculative_generate
 from specdec_ref.bench.run import BenchConfig
@@ -98,9 +98,10 @@ def test_sampling_with_packed_models_matches_the_target_law():
 
 
 @pytest.mark.parametrize(("dtype", "attention", "threads"),
-                         [(torch.float32, None, 1), (torch.bfloat16, "eager", 1),
-                          (torch.bfloat16, "rowwise_sdpa", 1), (torch.bfloat16, "grouped_eager", 1),
-                          (torch.bfloat16, "grouped_eager", 2)])
+                         [(torch.float32, None, 1),
+                          *(pytest.param(torch.bfloat16, attention, threads, marks=needs_bf16_packing)
+                            for attention, threads in (("eager", 1), ("rowwise_sdpa", 1), ("grouped_eager", 1),
+                                                       ("grouped_eager", 2)))])
 def test_the_embedded_pair_in_the_benchmarks_settings_keeps_generates_tokens(dtype, attention, threads):
     """Tiny pair, prepacked, in float32 and in bfloat16 with a batch-invariant attention (grouped
     eager on two threads: the committed benchmark's setting), lean draft, K = 5: greedy output

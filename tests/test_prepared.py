@@ -7,7 +7,7 @@ through the "prepared" value of the `path` fixture (conftest.PATHS).
 
 import pytest
 import torch
-from conftest import make_model, noisy_copy
+from conftest import make_model, needs_bf16_packing, noisy_copy
 
 from specdec_ref import SamplingConfig, speculative_generate
 from specdec_ref.drafting import ModelDrafter
@@ -24,7 +24,7 @@ def llama_pair():
     return noisy_copy(target, noise=0.3, seed=3), target
 
 
-@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("native", [pytest.param(True, marks=needs_bf16_packing), False])
 def test_cpu_choices_follow_the_cpu_and_describe_says_them(native, monkeypatch):
     """bfloat16 only where the CPU computes it; packed, grouped attention and a lean draft
     always; describe() names each choice on a line of at most 80 characters."""

@@ -4,7 +4,7 @@ caches are exact, and confidence-shaped trees (`ConfidentShape`) keep the target
 
 import pytest
 import torch
-from conftest import chi_square_pvalue, exact_joint_law, make_model, noisy_copy, torch_threads
+from conftest import chi_square_pvalue, exact_joint_law, make_model, needs_bf16_packing, noisy_copy, torch_threads
 from transformers import DynamicCache
 
 import specdec_ref.tree as tree_module
@@ -13,6 +13,7 @@ from specdec_ref.fast.batch_invariant import GROUPED, use_rowwise_attention
 from specdec_ref.fast.lean import LeanForward
 from specdec_ref.fast.packed import pack_linear_layers, packing_unsupported
 from specdec_ref.fast.prepared import prepare
+from specdec_ref.kv_cache import forward_keywords
 from specdec_ref.laws import small_random_pair
 from specdec_ref.tree import ConfidentShape, DraftTree, confident_counts, tree_speculative_generate
 from specdec_ref.tree_forward import LeanTreeForward, TreeForward, tree_source
@@ -38,13 +39,14 @@ def random_tree(widths: tuple[int, ...], root: int, seed: int) -> DraftTree:
 
 def step_logits(model, prompt: torch.Tensor, tokens: list[int]) -> torch.Tensor:
     """The logits after `tokens`, fed one token per pass after the prompt (as generate does)."""
-    cache = DynamicCache(config=model.config)
-    logits = model(prompt, cache=cache, use_cache=True).logits[0, -1]
+    cache = {forward_keywords(model)[0]: DynamicCache(config=model.config)}  # cache= or past_key_values=
+    logits = model(prompt, **cache, use_cache=True).logits[0, -1]
     for token in tokens:
-        logits = model(torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1]
+        logits = model(torch.tensor([[token]]), **cache, use_cache=True).logits[0, -1]
     return logits
 
 
+@needs_bf16_packing
 @pytest.mark.skipif(not CAN_PACK, reason="this torch build cannot prepack linear layers")
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("widths", [(3, 2, 1), (2, 2, 2)])
