@@ -11,6 +11,7 @@ from transformers import DynamicCache
 import specdec_ref.tree as tree_module
 from specdec_ref import SamplingConfig, speculative_generate
 from specdec_ref.audit_tokens import audit_every_token
+from specdec_ref.kv_cache import forward_keywords
 from specdec_ref.laws import law_tv, small_random_pair, target_law
 from specdec_ref.tree import DraftTree, TreeForward, tree_speculative_generate, tree_speculative_step
 from specdec_ref.tree_verify import draw_children, sibling_law, sibling_step, tree_law, verify_tree, without
@@ -150,7 +151,7 @@ def assert_cache_is_fresh(forward: TreeForward, sequence: torch.Tensor) -> None:
     kept = forward.cached_length
     assert 0 < kept <= sequence.size(1) - 1
     fresh = DynamicCache(config=forward.model.config)
-    forward.model(sequence[:, :kept], cache=fresh, use_cache=True)
+    forward.model(sequence[:, :kept], **{forward_keywords(forward.model)[0]: fresh}, use_cache=True)
     for layer, expected in zip(forward.cache.layers, fresh.layers, strict=True):
         assert torch.allclose(layer.keys, expected.keys, atol=1e-5)
         assert torch.allclose(layer.values, expected.values, atol=1e-5)
