@@ -1,8 +1,12 @@
 """The 30-line `minimal.speculative_sample` emits the package's tokens for the same random numbers."""
 
+import ast
+import inspect
+
 import pytest
 import torch
 
+import specdec_ref.minimal as minimal_module
 import specdec_ref.rejection as rejection
 from specdec_ref.decoder import speculative_generate
 from specdec_ref.laws import small_random_pair
@@ -29,8 +33,8 @@ def both(pair, sampling, seed, k, new):
     ours = speculative_generate(target, draft, PROMPT, max_new_tokens=new, num_draft_tokens=k,
                                 sampling=sampling, generator=torch.Generator().manual_seed(seed),
                                 use_cache=False)
-    minimal = speculative_sample(as_callable(target), as_callable(draft), PROMPT[0], new, k, sampling,
-                                 torch.Generator().manual_seed(seed))
+    minimal = speculative_sample(as_callable(target), as_callable(draft), PROMPT[0], new, k,
+                                 sampling.temperature, torch.Generator().manual_seed(seed))
     return ours.sequences[0].tolist(), minimal.tolist()
 
 
@@ -52,3 +56,15 @@ def test_the_comparison_sees_a_changed_residual(small_pair, monkeypatch):
     parted = [seed for seed in range(4)
               if (lambda pair: pair[0] != pair[1])(both(small_pair, SamplingConfig(), seed, 3, new=13))]
     assert parted, "a wrong residual went unseen"
+
+
+def test_the_minimal_version_stands_alone():
+    """It imports torch and the standard library only: it can be copied out of the package."""
+    tree = ast.parse(inspect.getsource(minimal_module))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] if node.module else "." for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.level == 0}
+    relative = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level]
+    assert not relative, f"imports from the package: {relative}"
+    assert imported <= {"torch", "__future__", "collections"}, imported
