@@ -226,3 +226,71 @@ CALCS: dict[str, Callable[..., Any]] = {function.__name__: function for function
     llama_pair_gb)}
 CALCS["llama_v"] = lambda src, context, k: llama_pass(src, "70b", context, k + 1) / llama_pass(src, "70b", context)
 CALCS["llama_c"] = lambda src, context: llama_pass(src, "7b", context) / llama_pass(src, "70b", context)
+
+
+# --- "Using speculative decoding" (book/using-speculative-decoding.md, scripts/using.in.md) -----------
+
+H200_BYTES_PER_S = 4.8e12  # NVIDIA H200 SXM: 4.8 TB/s of HBM3e (datasheet, nvidia2024h200), as in chapter 6
+
+
+def bench_alpha(src: Sources, lean: bool, mode: str = "greedy", report: str = BENCH) -> float:
+    """alpha measured by a benchmark's K = 1 arm of `specdec_ref` (at K = 1 every draft is judged)."""
+    name = "specdec_ref k=1" + (" lean" if lean else "")
+    arm = next(a for a in src.report(report)["arms"] if a["mode"] == mode and a["name"] == name)
+    return arm["alpha_per_token"]
+
+
+def _bench_costs(src: Sources, lean: bool, report: str = BENCH) -> tuple[float, dict[int, float]]:
+    """(c, {K: v(K)}) of a benchmark report: the lean draft's c or the `transformers` draft's."""
+    data = src.report(report)
+    c = data["lean_cost_ratio" if lean else "cost_ratio"]
+    return c, {int(k): float(v) for k, v in data["verify_cost"].items()}
+
+
+def bench_model_k(src: Sources, lean: bool, alpha: float = 0.0, max_k: int = 8, report: str = BENCH) -> int:
+    """The K in 1..max_k the performance model picks from alpha (0: `bench_alpha`) and a benchmark's
+    measured c and v(K)."""
+    from specdec_ref import analysis
+
+    c, v = _bench_costs(src, lean, report)
+    alpha = alpha or bench_alpha(src, lean, report=report)
+    return analysis.optimal_draft_length(alpha, c, max_k=max_k, verify_cost=v)
+
+
+def bench_model_speedup(src: Sources, lean: bool, k: int | str = 0, alpha: float = 0.0,
+                        report: str = BENCH) -> float:
+    """The model's speedup with a benchmark's measured c and v(K), at alpha (0: `bench_alpha`) and K
+    (0: the K `bench_model_k` picks; "measured": the benchmark's fastest fixed K, greedy)."""
+    from specdec_ref import analysis
+
+    c, v = _bench_costs(src, lean, report)
+    alpha = alpha or bench_alpha(src, lean, report=report)
+    if k == "measured":
+        k = best_k(src, "greedy", lean)
+    return analysis.expected_speedup(alpha, k or bench_model_k(src, lean, alpha, report=report), c, v)
+
+
+def break_even_alpha(src: Sources, lean: bool, max_k: int = 8, report: str = BENCH) -> float:
+    """The smallest alpha (on a 0.001 grid) at which some K in 1..max_k has a model speedup above 1."""
+    from specdec_ref import analysis
+
+    c, v = _bench_costs(src, lean, report)
+    return next(a / 1000 for a in range(1, 1001)
+                if max(analysis.expected_speedup(a / 1000, k, c, v) for k in range(1, max_k + 1)) > 1)
+
+
+def h200_over_floor(src: Sources, which: str = "", name: str = "") -> float:
+    """An eager bf16 step of the H200 sweep over its bandwidth floor (its weights read once at 4.8 TB/s):
+    one target's (`name`), or the "min" / "max" over the sweep."""
+    points = _points(src, SWEEP_GPU)
+    ratios = {n: p["target_step_s"] / (2 * p["parameters"] / H200_BYTES_PER_S) for n, p in points.items()}
+    return ratios[name] if name else {"min": min, "max": max}[which](ratios.values())
+
+
+def best_k_rows(src: Sources, mode: str, lean: bool, impl: str = "specdec_ref") -> int:
+    """K + 1, the rows of a verification pass, for the K that `best_k` finds fastest."""
+    return best_k(src, mode, lean, impl) + 1
+
+
+CALCS.update({function.__name__: function for function in (
+    best_k_rows, bench_alpha, bench_model_k, bench_model_speedup, break_even_alpha, h200_over_floor)})

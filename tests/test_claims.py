@@ -370,3 +370,42 @@ def test_data_paths_select_list_elements_and_dotted_keys():
     assert claims_script.lookup(report, "arms.0.x") == 1
     with pytest.raises(claims_script.ClaimsError, match="2 elements"):
         claims_script.lookup({"arms": [{"n": 1}, {"n": 1}]}, "arms.[n=1]")
+
+
+# --- the practical page: scripts/using_page.py ---------------------------------------------
+
+
+def _using_script():
+    """Import scripts/using_page.py (it imports claims.py from beside it)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("using_page_script", ROOT / "scripts" / "using_page.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_using_page_is_what_its_script_writes():
+    """book/using-speculative-decoding.md equals what `scripts/using_page.py --write` writes."""
+    using = _using_script()
+    diffs = using.stale(using.outputs(using.Sources()))
+    assert diffs == [], "\n".join(diffs) + "\nrun `python scripts/using_page.py --write`"
+
+
+def test_using_page_check_fails_when_a_report_changes(tmp_path, capsys):
+    """The batch-16 row of batched-throughput.json changed in a copy: the page's figure differs, --check fails."""
+    import shutil
+
+    using = _using_script()
+    data = tmp_path / "data"
+    shutil.copytree(ROOT / "specdec_ref" / "data", data)
+    path = data / "batched-throughput.json"
+    report = json.loads(path.read_text())
+    row = next(r for r in report["rows"] if r["batch_size"] == 16)
+    row["speculative_over_generate"] = 1.234
+    path.write_text(json.dumps(report))
+    assert using.main(["--check", "--data", str(data)]) == 1
+    assert "1.23x at 16" in capsys.readouterr().err
+    assert using.main(["--check"]) == 0
