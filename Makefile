@@ -14,7 +14,7 @@ TIMES := .test-times
 timed = start=$$(date +%s); $(2); status=$$?; took=$$(( $$(date +%s) - start )); \
 	echo "time: $(1) $$took s"; echo "$(1) $$took" >> $(TIMES); exit $$status
 
-.PHONY: setup demo bench bench-gpu execute test test-floor lint clean book book-build static nbval nbval-half nbval-colab browser-check chromium
+.PHONY: setup demo bench bench-gpu execute check test test-floor lint clean book book-build static nbval nbval-half nbval-colab browser-check chromium
 
 # A preinstalled torch (Colab, a CUDA machine) is kept: the venv then sees the system
 # site-packages. Otherwise the CPU build pinned in constraints/cpu.txt is installed.
@@ -46,6 +46,15 @@ bench-gpu:
 # (one torch thread, as the chapters set; run on a quiet machine). See CONTRIBUTING.md.
 execute: setup
 	env -u SPECDEC_PAIR SPECDEC_THREADS=1 SPECDEC_DTYPE=float32 $(BIN)/jupyter nbconvert --to notebook --execute --inplace notebooks/*.ipynb
+
+# The quick tier, for contributors between edits: lint, then every unit test not marked
+# slow (the exact laws by enumeration, greedy equality on every path, the caches, the
+# messages). The slow ones, the statistical end-to-end checks of sampling, the audits'
+# power and the bfloat16 model at GPT-2 XL's width, run in `make test`, which CI runs.
+check: setup
+	@$(BIN)/ruff check specdec_ref tests scripts book/_ext
+	@start=$$(date +%s); $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_WORKERS) -m "not slow"; \
+		status=$$?; echo "make check: $$(( $$(date +%s) - start )) s of unit tests"; exit $$status
 
 # Lint, unit tests, notebook outputs against a fresh run (at another thread count than
 # the one that wrote them), the notebooks' asserts in bfloat16 and as a Colab learner runs

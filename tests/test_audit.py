@@ -99,6 +99,7 @@ def test_audit_passes_the_package_decoder(small_pair, prepared):
     assert result.detectable_tv < 0.25
 
 
+@pytest.mark.slow
 def test_audit_fails_the_article_loop(small_pair):
     """The article's loop (residual p - p = 0) fails on a pair where p != q, and its TV is bounded away from 0."""
     target, draft = small_pair
@@ -131,6 +132,7 @@ def test_audit_of_transformers_assisted_generation_runs(small_pair):
     assert set(counts) <= set(exact)
 
 
+@pytest.mark.slow
 def test_stated_power_holds_for_a_biased_sampler():
     """A sampler at the detectable TV from the law fails in at least `power` of repeated audits."""
     law = {(0,): 0.4, (1,): 0.3, (2,): 0.2, (3,): 0.1}
@@ -143,6 +145,7 @@ def test_stated_power_holds_for_a_biased_sampler():
     assert failures >= 0.8 * 60  # 0.9 expected; margin for 60 trials
 
 
+@pytest.mark.slow
 def test_exact_sampler_fails_at_about_the_level():
     """An exact sampler fails at about the test's size, and its TV stays under tv_noise."""
     law = {(0,): 0.4, (1,): 0.3, (2,): 0.2, (3,): 0.1}

@@ -132,6 +132,7 @@ def test_sampled_rows_follow_target_law(family, sampling, device):
     assert min(law_pvalues(sampling, family, device=device)) > 1e-3
 
 
+@pytest.mark.slow
 def test_chi_square_rejects_the_article_rule(monkeypatch, device):
     """Power check: the same test fails when rejected drafts are resampled from p
     (the source article's biased rule) instead of the residual."""

@@ -52,6 +52,7 @@ def test_autoregressive_baseline_matches_generate(close_pair, device, path):
         (SamplingConfig(0.7, top_k=3), True, "prepared"),
     ],
 )
+@pytest.mark.slow
 def test_sampling_end_to_end_matches_target_law(sampling, use_cache, path, device):
     """The joint law of the first 3 generated tokens equals the target's (chi-square), on every path."""
     vocab = 5

@@ -150,6 +150,7 @@ def sample_continuations(model, prompt, sampling, runs, use_cache=True, device="
     return samples, accepted, drafted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampling, use_cache", [(SamplingConfig(1.0), True), (SamplingConfig(0.7, top_k=3), False)])
 def test_sampling_matches_target_law(sampling, use_cache, device):
     """The joint law of the first 3 tokens equals the target's (chi-square, 2000 runs)."""
@@ -160,6 +161,7 @@ def test_sampling_matches_target_law(sampling, use_cache, device):
     assert chi_square_pvalue(law, samples) > 1e-3
 
 
+@pytest.mark.slow
 def test_chi_square_rejects_the_article_rule(monkeypatch, device):
     """Power check: the same test fails when a rejection resamples from p instead of the residual."""
     model, prompt = small_model(), ids(1, 2, 3, 1, 2)

@@ -124,6 +124,7 @@ def test_greedy_matches_target_generate(close_pair, widths, device):
         assert any(r.path and r.path[0] != 1 for r in out.trace)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", ["exact", "q", "article"])
 def test_sampling_matches_target_law(monkeypatch, rule, device):
     """The joint law of the first 3 tokens is the target's (chi-square); the biased sibling rules fail it."""
