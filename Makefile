@@ -63,7 +63,7 @@ check: setup
 test: setup static
 	@rm -f $(TIMES)
 	@$(call timed,ruff,$(BIN)/ruff check specdec_ref tests scripts book/_ext)
-	@$(call timed,pytest,$(BIN)/python -m pytest -q $(PYTEST_WORKERS))
+	@$(call timed,pytest,$(BIN)/python -m pytest -q --durations=12 $(PYTEST_WORKERS))
 	@$(call timed,nbval,$(MAKE) --no-print-directory nbval)
 	@$(call timed,nbval-half,$(MAKE) --no-print-directory nbval-half)
 	@$(call timed,nbval-colab,$(MAKE) --no-print-directory nbval-colab)
@@ -92,13 +92,13 @@ static:
 # changes the order of float reductions the way another CPU does, so an output that
 # depends on the last bits fails here, not on a reader's machine.
 nbval: setup
-	SPECDEC_THREADS=2 OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
+	SPECDEC_THREADS=2 OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -p no:cacheprovider --durations=8 --nbval --nbval-current-env \
 		--nbval-sanitize-with tests/nbval_sanitize.cfg notebooks/
 
 # The notebooks again with the tiny pair in bfloat16, as a half-precision GPU pair runs
 # them on Colab: outputs differ, so only errors and the notebooks' own asserts count.
 nbval-half: setup
-	SPECDEC_DTYPE=bfloat16 OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
+	SPECDEC_DTYPE=bfloat16 OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -p no:cacheprovider --durations=8 --nbval-lax --nbval-current-env \
 		notebooks/
 
 # The notebooks as a Colab learner runs them: a kernel whose environment holds only what

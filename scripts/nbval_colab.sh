@@ -41,7 +41,7 @@ done
 run() {  # run STAND: every notebook with the "gpt2" pair of that stand-in hub
     HF_HOME="$work/$1" HF_HUB_OFFLINE=1 SPECDEC_PAIR=gpt2 SPECDEC_THREADS=1 OMP_WAIT_POLICY=PASSIVE \
         JUPYTER_PATH="$(cd "$colab" && pwd)/share/jupyter" \
-        .venv/bin/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-kernel-name "$kernel" \
+        .venv/bin/python -m pytest -q -p no:cacheprovider --durations=5 --nbval-lax --nbval-kernel-name "$kernel" \
         notebooks/ >"$work/$1.log" 2>&1
 }
 run disagree & first=$!
@@ -50,7 +50,8 @@ wait $first; disagree=$?
 wait $second; agree=$?
 for stand in disagree agree; do
     echo "== nbval-colab, the stand-in that ${stand}s:"
-    # A passing run's summary; a failing run's whole log.
-    if grep -qE "^(FAILED|ERROR)" "$work/$stand.log"; then cat "$work/$stand.log"; else tail -n 3 "$work/$stand.log"; fi
+    # A passing run's slowest cells and summary; a failing run's whole log.
+    if grep -qE "^(FAILED|ERROR)" "$work/$stand.log"; then cat "$work/$stand.log"
+    else grep -A 6 "slowest" "$work/$stand.log"; tail -n 1 "$work/$stand.log"; fi
 done
 [ $disagree = 0 ] && [ $agree = 0 ]
