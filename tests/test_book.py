@@ -25,7 +25,9 @@ CHAPTER_MODULES = {
     "03-one-pass-verification": "specdec_ref.verification",
     "04-rejection-sampling-proof": "specdec_ref.rejection",
     "05-bonus-token-and-kv-cache": "specdec_ref.kv_cache",
-    "06-performance": "specdec_ref.analysis specdec_ref.fast.packed specdec_ref.fast.batch_invariant specdec_ref.fast",
+    "06-performance": "specdec_ref.analysis",
+    "06b-fast-passes-and-fair-timing": "specdec_ref.fast.packed specdec_ref.fast.batch_invariant specdec_ref.fast.lean "
+                                       "specdec_ref.fast",
     "07-beyond-one-sequence": "specdec_ref.batched specdec_ref.lookup",
     "08-trees-of-drafts": "specdec_ref.tree specdec_ref.tree_verify specdec_ref.tree_model",
 }

@@ -99,7 +99,10 @@ def bad_verdicts(rows: list[dict[str, str]]) -> list[str]:
 def toc_pages(root: Path) -> list[Path]:
     """The source file of every page in the book's _toc.yml."""
     toc = yaml.safe_load((root / "_toc.yml").read_text())
-    names = [toc["root"]] + [chapter["file"] for part in toc.get("parts", []) for chapter in part["chapters"]]
+    names = [toc["root"]]
+    for part in toc.get("parts", []):
+        for chapter in part["chapters"]:  # a chapter, then the sections under it
+            names += [chapter["file"]] + [section["file"] for section in chapter.get("sections", [])]
     pages = []
     for name in names:
         pages += [root / f"{name}{suffix}" for suffix in (".md", ".ipynb") if (root / f"{name}{suffix}").is_file()]

@@ -142,7 +142,8 @@ def unlabelled_solutions(notebook: dict, chapter: int) -> list[str]:
 
 
 def _chapter(path: Path) -> int:
-    return int(path.stem.split("-")[0])
+    """The chapter a notebook belongs to: 6 for 06-performance and for its section 06b-..."""
+    return int(re.match(r"\d+", path.stem).group())
 
 
 # --- the rules on every notebook -------------------------------------------------------
