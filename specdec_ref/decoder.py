@@ -17,6 +17,7 @@ even one accepted in the middle of a block.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from transformers import PreTrainedModel
@@ -121,6 +122,47 @@ def cut_after_eos(tokens: list[int],
     return tokens, False
 
 
+class BlockEnd(NamedTuple):
+    """How one draft-verify block closes (`close_block`)."""
+
+    emitted: list[int]  # the block's tokens, cut after the first EOS
+    num_accepted: int  # accepted drafts that were emitted (none after an EOS)
+    keep: int  # tokens both caches keep: the prefix and the accepted drafts
+    hit_eos: bool  # an EOS was emitted: generation stops
+
+    @property
+    def cut(self) -> bool:
+        """Whether an accepted EOS ended the block before its last token."""
+        return len(self.emitted) == self.num_accepted
+
+
+def close_block(emitted: list[int], num_accepted: int, n: int,
+                eos: set[int]) -> BlockEnd:
+    """Close a block: what it emits, how many drafts count, what to keep.
+
+    The one rule every decoder (chain, tree, batched) ends a block with.
+
+    Args:
+        emitted: the accepted drafts, then one correction or bonus token.
+        num_accepted: how many of them are accepted drafts.
+        n: the length of the sequence before the block.
+        eos: token ids after which generation stops.
+
+    Returns:
+        A `BlockEnd`; always `keep == n + len(emitted) - 1`.
+    """
+    emitted, hit_eos = cut_after_eos(emitted, eos)
+    # An EOS among the accepted drafts ends the block: the drafts after it
+    # are dropped.
+    num_accepted = min(num_accepted, len(emitted))
+    # Both caches keep the prefix and the accepted drafts. The last token
+    # emitted (the correction or bonus, or an EOS) stays unseen by both
+    # models: the next iteration feeds it first, so its logits are always
+    # computed fresh.
+    keep = min(n + num_accepted, n + len(emitted) - 1)
+    return BlockEnd(emitted, num_accepted, keep, hit_eos)
+
+
 @torch.no_grad()
 def speculative_step(
     target: LogitsSource,
@@ -161,23 +203,17 @@ def speculative_step(
     emitted = accept_reject(proposal.tokens, proposal.probs, p, generator,
                             greedy=sampling.greedy,
                             trusted=isinstance(drafter, ModelDrafter))
-    num_accepted = len(emitted) - 1
-    emitted, hit_eos = cut_after_eos(emitted, eos)
-    # An EOS among the accepted drafts ends the block: the drafts after it
-    # are dropped.
-    num_accepted = min(num_accepted, len(emitted))
-    new = torch.tensor([emitted], dtype=sequence.dtype,
+    # Cut after an EOS; roll both caches back to the prefix and the
+    # accepted drafts (`close_block`).
+    block = close_block(emitted, len(emitted) - 1, n, eos)
+    new = torch.tensor([block.emitted], dtype=sequence.dtype,
                        device=sequence.device)
     sequence = torch.cat([sequence, new], dim=1)  # (1, n + emitted)
-    # Roll both caches back to the prefix and the accepted drafts. The last
-    # token of the sequence (the correction or bonus, or an EOS) stays
-    # unseen by both models: the next iteration feeds it first, so its
-    # logits are always computed fresh.
-    keep = min(n + num_accepted, sequence.size(1) - 1)
-    target.rollback(keep)
-    drafter.rollback(keep)
-    record = IterationRecord(proposal.tokens.tolist(), emitted, num_accepted)
-    return sequence, record, hit_eos
+    target.rollback(block.keep)
+    drafter.rollback(block.keep)
+    record = IterationRecord(proposal.tokens.tolist(), block.emitted,
+                             block.num_accepted)
+    return sequence, record, block.hit_eos
 
 
 def _as_target_source(target_model: PreTrainedModel | LogitsSource, use_cache: bool,

@@ -44,7 +44,7 @@ from .decoder import (
     GenerationStats,
     IterationRecord,
     _check_capacity,
-    cut_after_eos,
+    close_block,
 )
 from .fast.lean import LeanForward
 from .sampling import SamplingConfig, logits_to_probs
@@ -200,24 +200,23 @@ def tree_speculative_step(
     path, last, tried = verify_tree(tree.tokens, tree.children, p, q,
                                     generator, greedy=sampling.greedy)
     emitted = [tree.tokens[node] for node in path] + [last]
-    emitted, hit_eos = cut_after_eos(emitted, eos)
-    num_accepted = min(len(path), len(emitted))  # none after an EOS
-    new = torch.tensor([emitted], dtype=sequence.dtype, device=sequence.device)
+    block = close_block(emitted, len(path), n, eos)  # cut after an EOS
+    new = torch.tensor([block.emitted], dtype=sequence.dtype,
+                       device=sequence.device)
     sequence = torch.cat([sequence, new], dim=1)  # (1, n + emitted)
     # 4. Keep the committed tokens and the accepted path; the last token
     # emitted stays unseen by both models, as in the chain.
-    keep = min(n + num_accepted, sequence.size(1) - 1)
-    slots = list(range(n)) + [n - 1 + node for node in path[: keep - n]]
+    slots = list(range(n)) + [n - 1 + node for node in path[: block.keep - n]]
     target.keep(slots)
     draft.keep(slots)
     # An EOS inside the path ends the block there: children tried below it
     # do not count.
-    cut = len(emitted) == num_accepted
-    record = TreeRecord(tree.tokens[1:], emitted, num_accepted,
-                        path=path[:num_accepted],
-                        tries=tried[:num_accepted] if cut else tried,
+    accepted = block.num_accepted
+    record = TreeRecord(tree.tokens[1:], block.emitted, accepted,
+                        path=path[:accepted],
+                        tries=tried[:accepted] if block.cut else tried,
                         parents=list(tree.parents))
-    return sequence, record, hit_eos
+    return sequence, record, block.hit_eos
 
 
 def draft_slots(widths: tuple[int, ...] | ConfidentShape) -> int:
