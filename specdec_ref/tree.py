@@ -43,14 +43,13 @@ from .decoder import (
     GenerationOutput,
     GenerationStats,
     IterationRecord,
-    _check_capacity,
     close_block,
 )
 from .fast.lean import LeanForward
 from .sampling import SamplingConfig, logits_to_probs
 from .tree_forward import DraftTree, TreeForward, TreeSource, tree_attention, tree_source
 from .tree_verify import draw_children, verify_tree
-from .validation import as_integer, check_generation_args, eos_set
+from .validation import as_integer, check_capacity, check_generation_args, eos_set
 
 __all__ = ["ConfidentShape", "DraftTree", "TreeForward", "TreeRecord", "check_widths",
            "draft_tree", "tree_attention", "tree_speculative_generate",
@@ -294,10 +293,11 @@ def tree_speculative_generate(
     models = {"target_model": target_model, "draft_model": draft_weights}
     check_generation_args(models, input_ids, max_new_tokens, sampling,
                           generator)
-    # A LeanForward's buffers must hold the whole output, as in the chain.
-    _check_capacity(draft_model, input_ids.size(1) + max_new_tokens, "draft_model")
     target = tree_source(target_model, "target_model")
     draft = tree_source(draft_model, "draft_model")
+    # A LeanForward's buffers must hold the whole output, as in the chain.
+    check_capacity("draft_model", draft.capacity,
+                   input_ids.size(1) + max_new_tokens)
     eos = eos_set(eos_token_id)
     sequence, stats, trace = input_ids, GenerationStats(), []
     while stats.new_tokens < max_new_tokens:
