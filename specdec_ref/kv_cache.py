@@ -32,9 +32,9 @@ import torch
 import transformers
 from transformers import DynamicCache, PreTrainedModel
 
-# The oldest transformers whose sliding-window layers roll back correctly: 5.14 added
-# past recording, but 5.17's attention masks still assume a window-sized cache (checked
-# on a CUDA machine: mask and keys differ in length); 5.24 passes tests/test_edges.py.
+# The oldest transformers whose sliding-window layers roll back correctly: earlier
+# releases either cannot record a sliding layer's past or build attention masks that
+# assume a window-sized cache (tests/test_edges.py checks the rollback).
 SLIDING_ROLLBACK_MIN = (5, 24)
 
 

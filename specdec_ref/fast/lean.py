@@ -15,9 +15,9 @@ same weights through the same arithmetic with none of that:
 * each block is RMSNorm, attention (`scaled_dot_product_attention`, grouped-query
   when H_kv < H), RMSNorm, SwiGLU, read from the model's own weight tensors; the
   linear layers are called through the model's own layers' `forward`, so a draft
-  prepacked by `packed.pack_linear_layers` runs its oneDNN kernels here too (on the
-  book's CPU, in bfloat16, one row through the tiny draft's head takes 55 us so
-  against 122 us with plain `F.linear`).
+  prepacked by `packed.pack_linear_layers` runs its oneDNN kernels here too, which
+  on a CPU in bfloat16 beat plain `F.linear` (`packed`'s docstring; the benchmark
+  report `specdec_ref/data/bench-tiny-cpu.json` compares with and without).
 
 It answers the `kv_cache.LogitsSource` question ("logits of the last m positions of
 this sequence") and plugs into the decoder as a drafter:

@@ -1,9 +1,9 @@
 """A static KV cache, and decoding passes a GPU replays as CUDA graphs (chapter 6's fast path).
 
 On a GPU a `transformers` forward pass of a model the size of GPT-2 XL is set by
-kernel launches and Python, not by memory bandwidth: the H200 sweep
-(`size-sweep-cuda.json`) took 29.6 ms for a one-token bf16 step of GPT-2 XL's shape,
-about 50 times the 0.65 ms its weights need to stream. The remedy, as in PyTorch's
+kernel launches and Python, not by memory bandwidth: a one-token bf16 step of
+GPT-2 XL's shape takes many times what streaming its weights needs (the H200 sweep,
+`specdec_ref/data/size-sweep-cuda.json`, holds the step times). The remedy, as in PyTorch's
 gpt-fast and in vLLM and SGLang, is to fix every shape and address of a decoding
 pass, record its kernels once as a CUDA graph, and replay the recording: one launch
 per pass instead of hundreds.
