@@ -43,7 +43,7 @@ from transformers import PreTrainedModel
 from ..kv_cache import uses_sliding_window
 from ..timing import time_call
 from ..validation import check_integer, check_sequence, model_device, vocab_size
-from .blocks import length_dependent_rope
+from .blocks import length_dependent_rope, rotary_rows, rotate
 
 # Model types whose decoder block is exactly: RMSNorm, rotary attention (optional
 # q/k/v biases), RMSNorm, SwiGLU MLP.
@@ -68,13 +68,6 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     """RMSNorm as `transformers` computes it: in float32, scaled in the input dtype."""
     variance = x.float().pow(2).mean(-1, keepdim=True)
     return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding of x (heads, m, d) with cos / sin rows (m, d)."""
-    half = x.size(-1) // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
 
 
 class LeanForward:
@@ -112,11 +105,7 @@ class LeanForward:
         shape = (self.kv_heads, positions, self.head_dim)
         self.keys = [weight.new_zeros(shape) for _ in self.blocks]
         self.values = [weight.new_zeros(shape) for _ in self.blocks]
-        # cos / sin rows of every position, from the model's own rotary module.
-        with torch.no_grad():
-            ids = torch.arange(positions, device=weight.device)[None]  # (1, P)
-            cos, sin = body.rotary_emb(weight[:1][None], ids)  # (1, P, d) each
-        self.cos, self.sin = cos[0], sin[0]  # (P, d)
+        self.cos, self.sin = rotary_rows(model, positions)  # (P, d) each, as `static`'s
 
     @torch.no_grad()
     def last_logits(self, sequence: torch.Tensor, num_positions: int) -> torch.Tensor:
@@ -193,10 +182,10 @@ class LeanForward:
         q = block["q"](h).view(m, self.heads, self.head_dim).transpose(0, 1)
         k = block["k"](h).view(m, self.kv_heads, self.head_dim).transpose(0, 1)
         v = block["v"](h).view(m, self.kv_heads, self.head_dim).transpose(0, 1)
-        keys[:, seen:end] = _rotate(k, cos, sin)  # (H_kv, m, d) written in place
+        keys[:, seen:end] = rotate(k, cos, sin)  # (H_kv, m, d) written in place
         values[:, seen:end] = v
         out = F.scaled_dot_product_attention(
-            _rotate(q, cos, sin)[None], keys[None, :, :end], values[None, :, :end],
+            rotate(q, cos, sin)[None], keys[None, :, :end], values[None, :, :end],
             attn_mask=mask, enable_gqa=self.kv_heads != self.heads)  # (1, H, m, d)
         return block["o"](out[0].transpose(0, 1).reshape(m, -1))
 
