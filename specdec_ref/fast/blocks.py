@@ -30,6 +30,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..kv_cache import uses_sliding_window
+from ..validation import check_sequence
 
 # attend(q (H, m, d), k (H_kv, m, d), v (H_kv, m, d)) -> (m, H * d): attention of the m
 # new tokens over the cached ones and themselves; the caller owns the cache.
@@ -134,6 +135,28 @@ def _gpt2_blocks(model: PreTrainedModel) -> ModelBlocks:
     base = 1 / math.sqrt(head_dim) if config.scale_attn_weights else 1.0
     scales = [base / (i + 1) if config.scale_attn_by_inverse_layer_idx else base for i in range(config.n_layer)]
     return ModelBlocks(embed, [block_of(layer) for layer in body.h], head, heads, heads, head_dim, scales, limit)
+
+
+def check_pass(sequence: torch.Tensor, seen: int, num_positions: int, max_length: int,
+               owner: str) -> int:
+    """The input of a cached pass (`static`, `lean`): a (1, n) sequence whose tokens past
+    the `seen` cached ones include the last `num_positions` >= 1, with n <= max_length.
+
+    Returns:
+        n, the sequence's length.
+
+    Raises:
+        ValueError: naming num_positions or max_length (and `owner`, the class to rebuild).
+    """
+    check_sequence(sequence)
+    end = sequence.size(1)
+    if not 1 <= num_positions <= end - seen:
+        raise ValueError(f"num_positions={num_positions} but {end - seen} tokens are unseen (the cache holds "
+                         f"{seen} of {end}); it must be between 1 and the unseen count: call rollback() first")
+    if end > max_length:
+        raise ValueError(f"the sequence has {end} tokens, more than max_length={max_length}; "
+                         f"build a {owner} with a larger max_length")
+    return end
 
 
 def rotary_rows(model: PreTrainedModel, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -42,8 +42,8 @@ from transformers import PreTrainedModel
 
 from ..kv_cache import uses_sliding_window
 from ..timing import time_call
-from ..validation import check_integer, check_sequence, model_device, vocab_size
-from .blocks import length_dependent_rope, rotary_rows, rotate
+from ..validation import check_integer, model_device, vocab_size
+from .blocks import check_pass, length_dependent_rope, rotary_rows, rotate
 
 # Model types whose decoder block is exactly: RMSNorm, rotary attention (optional
 # q/k/v biases), RMSNorm, SwiGLU MLP.
@@ -114,13 +114,8 @@ class LeanForward:
         Feeds only the tokens past `length`, which must include the last
         `num_positions` positions (as `CachedForward.last_logits`).
         """
-        check_sequence(sequence)
-        seen, end = self.length, sequence.size(1)
-        if end - seen < num_positions:
-            raise ValueError(f"num_positions={num_positions} but only {end - seen} tokens are unseen "
-                             f"(the cache holds {seen} of {end}); call rollback() first")
-        if end > self.max_length:
-            raise ValueError(f"the sequence has {end} tokens, more than max_length={self.max_length}")
+        seen = self.length
+        end = check_pass(sequence, seen, num_positions, self.max_length, "LeanForward")
         m = end - seen
         # New token i (at position seen + i) sees the keys at positions <= seen + i.
         mask = None
