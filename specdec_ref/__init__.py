@@ -17,9 +17,10 @@ import os
 # On a CPU, oneDNN runs torch's bfloat16 matrix products and the prepacked layers of
 # `packed`, and keeps the kernels it compiles, one per shape, in a cache of 1,024. A
 # speculative loop meets more shapes than that (rows x context length, for every
-# matrix product), and would compile its kernels again on every pass: on the book's
-# CPU that made a target pass about 15 % slower in the benchmark. Keep more, unless
-# the environment says otherwise (oneDNN reads this when it compiles its first kernel).
+# matrix product), and would compile its kernels again on every pass, which slows
+# every target pass. Keep more, unless the environment says otherwise (oneDNN reads
+# this when it compiles its first kernel); the benchmark's reports record the capacity
+# they ran with (`onednn_kernel_cache` in specdec_ref/data/bench-*.json).
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16384")
 
 from .decoder import (

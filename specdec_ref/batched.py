@@ -48,7 +48,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .decoder import GenerationOutput, GenerationStats, IterationRecord, cut_after_eos
+from .decoder import GenerationOutput, GenerationStats, IterationRecord, close_block
 from .kv_cache import forward_keywords, sliding_layers
 from .rejection import accept_reject_rows
 from .sampling import SamplingConfig, logits_to_probs, sample
@@ -255,20 +255,17 @@ def batched_speculative_generate(
         emissions = accept_reject_rows(drafted, q, p, ks, generator, greedy=sampling.greedy)
         keep, still_active = [], []
         for row, (b, emitted) in enumerate(zip(active, emissions, strict=True)):
-            n, kb = len(sequences[b]), ks[row]
-            num_accepted = len(emitted) - 1
-            emitted, hit_eos = cut_after_eos(emitted, eos)
-            num_accepted = min(num_accepted, len(emitted))
-            sequences[b] = sequences[b] + emitted
-            record = IterationRecord(drafted[row, :kb].tolist(), emitted, num_accepted)
+            # 4. Cut after an EOS; roll back to the prefix and the accepted drafts.
+            block = close_block(emitted, len(emitted) - 1, len(sequences[b]), eos)
+            sequences[b] = sequences[b] + block.emitted
+            record = IterationRecord(drafted[row, :ks[row]].tolist(), block.emitted, block.num_accepted)
             traces[b].append(record)
             s = stats[b]
             s.count_block(record)
             s.target_calls += 1
             s.draft_calls += k_max
-            # 4. Roll back to the prefix and the accepted drafts; the last token stays unseen.
-            keep.append(min(n + num_accepted, len(sequences[b]) - 1))
-            if not hit_eos and s.new_tokens < max_new_tokens:
+            keep.append(block.keep)
+            if not block.hit_eos and s.new_tokens < max_new_tokens:
                 still_active.append(row)
         target.rollback(keep)
         draft.rollback(keep)

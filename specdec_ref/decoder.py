@@ -17,16 +17,17 @@ even one accepted in the middle of a block.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from transformers import PreTrainedModel
 
-from .drafting import Drafter, ModelDrafter, as_drafter, is_drafter, is_logits_source
-from .kv_cache import LogitsSource, make_logits_source
+from .drafting import Drafter, ModelDrafter, as_drafter, is_drafter
+from .kv_cache import LogitsSource, fresh_source, is_logits_source
 from .rejection import accept_reject
 from .sampling import SamplingConfig, logits_to_probs, sample
 from .schedules import DraftLengthSchedule, as_schedule, next_draft_length
-from .validation import check_drafter, check_generation_args, check_proposal, eos_set, vocab_size
+from .validation import check_capacity, check_generation_args, check_proposal, eos_set, vocab_size
 from .verification import target_distributions
 
 
@@ -121,6 +122,47 @@ def cut_after_eos(tokens: list[int],
     return tokens, False
 
 
+class BlockEnd(NamedTuple):
+    """How one draft-verify block closes (`close_block`)."""
+
+    emitted: list[int]  # the block's tokens, cut after the first EOS
+    num_accepted: int  # accepted drafts that were emitted (none after an EOS)
+    keep: int  # tokens both caches keep: the prefix and the accepted drafts
+    hit_eos: bool  # an EOS was emitted: generation stops
+
+    @property
+    def cut(self) -> bool:
+        """Whether an accepted EOS ended the block before its last token."""
+        return len(self.emitted) == self.num_accepted
+
+
+def close_block(emitted: list[int], num_accepted: int, n: int,
+                eos: set[int]) -> BlockEnd:
+    """Close a block: what it emits, how many drafts count, what to keep.
+
+    The one rule every decoder (chain, tree, batched) ends a block with.
+
+    Args:
+        emitted: the accepted drafts, then one correction or bonus token.
+        num_accepted: how many of them are accepted drafts.
+        n: the length of the sequence before the block.
+        eos: token ids after which generation stops.
+
+    Returns:
+        A `BlockEnd`; always `keep == n + len(emitted) - 1`.
+    """
+    emitted, hit_eos = cut_after_eos(emitted, eos)
+    # An EOS among the accepted drafts ends the block: the drafts after it
+    # are dropped.
+    num_accepted = min(num_accepted, len(emitted))
+    # Both caches keep the prefix and the accepted drafts. The last token
+    # emitted (the correction or bonus, or an EOS) stays unseen by both
+    # models: the next iteration feeds it first, so its logits are always
+    # computed fresh.
+    keep = min(n + num_accepted, n + len(emitted) - 1)
+    return BlockEnd(emitted, num_accepted, keep, hit_eos)
+
+
 @torch.no_grad()
 def speculative_step(
     target: LogitsSource,
@@ -150,59 +192,46 @@ def speculative_step(
     n = sequence.size(1)
     drafter = draft if is_drafter(draft) else ModelDrafter(draft, sampling,
                                                            generator)
+    # A model's drafts and q rows are well formed by construction (only
+    # their finiteness is checked); any other drafter's are checked in full,
+    # before the target runs.
+    trusted = isinstance(drafter, ModelDrafter)
     vocab = vocab_size(target.model)
     proposal = drafter.draft(sequence, num_draft_tokens, vocab)  # (K, V)
-    if not isinstance(drafter, ModelDrafter):  # checked before the target runs
+    if not trusted:
         check_proposal(drafter, proposal, num_draft_tokens, vocab)
     p = target_distributions(target, sequence, proposal.tokens,
                              sampling)  # (K + 1, V)
-    # A model's drafts and q rows are well formed by construction (only
-    # their finiteness is checked); any other drafter's are checked in full.
     emitted = accept_reject(proposal.tokens, proposal.probs, p, generator,
-                            greedy=sampling.greedy,
-                            trusted=isinstance(drafter, ModelDrafter))
-    num_accepted = len(emitted) - 1
-    emitted, hit_eos = cut_after_eos(emitted, eos)
-    # An EOS among the accepted drafts ends the block: the drafts after it
-    # are dropped.
-    num_accepted = min(num_accepted, len(emitted))
-    new = torch.tensor([emitted], dtype=sequence.dtype,
+                            greedy=sampling.greedy, trusted=trusted)
+    # Cut after an EOS; roll both caches back to the prefix and the
+    # accepted drafts (`close_block`).
+    block = close_block(emitted, len(emitted) - 1, n, eos)
+    new = torch.tensor([block.emitted], dtype=sequence.dtype,
                        device=sequence.device)
     sequence = torch.cat([sequence, new], dim=1)  # (1, n + emitted)
-    # Roll both caches back to the prefix and the accepted drafts. The last
-    # token of the sequence (the correction or bonus, or an EOS) stays
-    # unseen by both models: the next iteration feeds it first, so its
-    # logits are always computed fresh.
-    keep = min(n + num_accepted, sequence.size(1) - 1)
-    target.rollback(keep)
-    drafter.rollback(keep)
-    record = IterationRecord(proposal.tokens.tolist(), emitted, num_accepted)
-    return sequence, record, hit_eos
+    target.rollback(block.keep)
+    drafter.rollback(block.keep)
+    record = IterationRecord(proposal.tokens.tolist(), block.emitted,
+                             block.num_accepted)
+    return sequence, record, block.hit_eos
 
 
-def _as_target_source(target_model: PreTrainedModel | LogitsSource, use_cache: bool,
-                      name: str) -> LogitsSource:
-    """The target as a logits source: a model is wrapped (`make_logits_source`); a source
-    (e.g. `fast.StaticForward`) is used as it is, with its cache emptied first."""
-    if isinstance(target_model, PreTrainedModel):
-        return make_logits_source(target_model, use_cache)
-    if not is_logits_source(target_model):
+def as_target_source(target_model: PreTrainedModel | LogitsSource,
+                     use_cache: bool, name: str) -> LogitsSource:
+    """The target as a logits source: a model gets a new one, a source
+    (e.g. `fast.StaticForward`) is used with its cache emptied.
+
+    Raises:
+        TypeError: naming `name`, for anything else.
+    """
+    if not (isinstance(target_model, PreTrainedModel)
+            or is_logits_source(target_model)):
         raise TypeError(
             f"{name} must be a transformers PreTrainedModel or a logits source "
-            "(with .model, last_logits(sequence, num_positions) and "
-            f"rollback(length)), got {type(target_model).__name__}")
-    target_model.rollback(0)
-    return target_model
-
-
-def _check_capacity(source: LogitsSource | Drafter, needed: int, name: str) -> None:
-    """A source with a fixed cache (`max_length`) must hold prompt + new tokens."""
-    inner = getattr(source, "source", source)  # a ModelDrafter's logits source
-    capacity = getattr(inner, "max_length", None)
-    if capacity is not None and needed > capacity:
-        raise ValueError(
-            f"{name} holds at most max_length={capacity} tokens, but the prompt "
-            f"and max_new_tokens need {needed}: build it with a larger max_length")
+            "(with .model, .max_length, last_logits(sequence, num_positions) "
+            f"and rollback(length)), got {type(target_model).__name__}")
+    return fresh_source(target_model, use_cache)
 
 
 @torch.no_grad()
@@ -253,34 +282,33 @@ def speculative_generate(
     Raises:
         ValueError / TypeError: for any malformed argument (see `validation`).
     """
-    if is_drafter(draft_model):
-        check_drafter(draft_model)
-    draft = as_drafter(draft_model, sampling, generator, use_cache)
-    if num_draft_tokens is None:
-        num_draft_tokens = getattr(draft, "num_draft_tokens", 4)
-    target = _as_target_source(target_model, use_cache, "target_model")
-    models = {"target_model": target.model}
-    # A draft model gets the checks (vocabulary, device, context length),
-    # bare, as a logits source or behind a ModelDrafter.
-    inner = getattr(getattr(draft, "source", None), "model", None)
-    if isinstance(inner, PreTrainedModel):
-        models["draft_model"] = inner
-    check_generation_args(models, input_ids, max_new_tokens, sampling,
-                          generator, num_draft_tokens)
-    needed = input_ids.size(1) + max_new_tokens
-    _check_capacity(target, needed, "target_model")
-    _check_capacity(draft, needed, "draft_model")
+    # Convert once: the target to a logits source, the draft to a drafter.
+    target = as_target_source(target_model, use_cache, "target_model")
+    drafter = as_drafter(draft_model, sampling, generator, use_cache)
+    if num_draft_tokens is None:  # a drafter may carry its own K
+        num_draft_tokens = getattr(drafter, "num_draft_tokens", 4)
+    # A draft model gets the target's checks (vocabulary, device, context,
+    # a fixed cache's length), bare, as a logits source or as a drafter.
+    sources = {"target_model": target}
+    if isinstance(drafter, ModelDrafter):
+        sources["draft_model"] = drafter.source
+    check_generation_args({name: source.model for name, source
+                           in sources.items()}, input_ids, max_new_tokens,
+                          sampling, generator, num_draft_tokens)
+    for name, source in sources.items():
+        check_capacity(name, source.max_length,
+                       input_ids.size(1) + max_new_tokens)
     schedule = as_schedule(num_draft_tokens)
     eos = eos_set(eos_token_id)
     target_calls_before = target.forward_calls
-    draft_calls_before = draft.forward_calls
+    draft_calls_before = drafter.forward_calls
     sequence, stats, trace = input_ids, GenerationStats(), []
     while stats.new_tokens < max_new_tokens:
         # Never draft past the budget: K drafts can emit up to K + 1 tokens.
         budget = max_new_tokens - stats.new_tokens
         k = min(next_draft_length(schedule), budget - 1)
         sequence, record, hit_eos = speculative_step(
-            target, draft, sequence, k, sampling, generator, eos)
+            target, drafter, sequence, k, sampling, generator, eos)
         # The schedule hears of the drafts actually proposed: fewer than K
         # when the budget or a drafter cut in, or an accepted EOS ended
         # the block.
@@ -293,7 +321,7 @@ def speculative_generate(
         if hit_eos:
             break
     stats.target_calls = target.forward_calls - target_calls_before
-    stats.draft_calls = draft.forward_calls - draft_calls_before
+    stats.draft_calls = drafter.forward_calls - draft_calls_before
     return GenerationOutput(sequence, stats, trace)
 
 
@@ -314,9 +342,9 @@ def autoregressive_generate(
     (`model` may be a logits source too). Its output distribution is the one
     speculative decoding must reproduce.
     """
-    source = _as_target_source(model, use_cache, "model")
+    source = as_target_source(model, use_cache, "model")
     check_generation_args({"model": source.model}, input_ids, max_new_tokens, sampling, generator)
-    _check_capacity(source, input_ids.size(1) + max_new_tokens, "model")
+    check_capacity("model", source.max_length, input_ids.size(1) + max_new_tokens)
     eos = eos_set(eos_token_id)
     calls_before = source.forward_calls
     sequence, stats = input_ids, GenerationStats()

@@ -24,8 +24,9 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
-from .kv_cache import FullForward, LogitsSource, make_logits_source
+from .kv_cache import FullForward, LogitsSource, fresh_source, is_logits_source
 from .sampling import SamplingConfig, logits_to_probs, sample
+from .validation import check_drafter
 
 
 @dataclass
@@ -40,7 +41,7 @@ class Draft:
 
 def as_logits_source(model: PreTrainedModel | LogitsSource) -> LogitsSource:
     """Wrap a bare model in a cache-free `FullForward`; pass a source through."""
-    return model if hasattr(model, "last_logits") else FullForward(model)
+    return FullForward(model) if isinstance(model, PreTrainedModel) else model
 
 
 @torch.no_grad()
@@ -165,36 +166,29 @@ class ModelDrafter:
         self.source.rollback(length)
 
 
-def is_logits_source(obj: object) -> bool:
-    """Whether `obj` answers `last_logits` and `rollback` over a model (a
-    `kv_cache.LogitsSource`, e.g. `fast.StaticForward` or `fast.LeanForward`)."""
-    return (callable(getattr(obj, "last_logits", None))
-            and callable(getattr(obj, "rollback", None))
-            and isinstance(getattr(obj, "model", None), PreTrainedModel))
-
-
 def as_drafter(draft_model: PreTrainedModel | LogitsSource | Drafter,
                sampling: SamplingConfig, generator: torch.Generator | None,
                use_cache: bool = True) -> Drafter:
     """What the decoder drafts through, given what the user passed.
 
-    A model gets a cache of its own (`make_logits_source`); a logits source
-    is used with its cache emptied; either is wrapped in a `ModelDrafter`
-    with the decoder's sampling and generator. A `ModelDrafter` takes them
-    where it has none (`bind`); any other drafter is used as it is, its
-    cache emptied.
+    A model gets a cache of its own, a logits source is used with its cache
+    emptied (`fresh_source`); either is wrapped in a `ModelDrafter` with the
+    decoder's sampling and generator. A `ModelDrafter` takes them where it
+    has none (`bind`); any other drafter is checked (`check_drafter`) and
+    used as it is, its cache emptied.
+
+    Raises:
+        TypeError: naming `draft_model`, for anything else.
     """
-    if isinstance(draft_model, PreTrainedModel):
-        source = make_logits_source(draft_model, use_cache)
-        return ModelDrafter(source, sampling, generator)
     if is_drafter(draft_model):
+        check_drafter(draft_model)
         draft_model.rollback(0)  # it may hold an earlier call's cache
         if isinstance(draft_model, ModelDrafter):
             return draft_model.bind(sampling, generator)
         return draft_model
-    if is_logits_source(draft_model):
-        draft_model.rollback(0)
-        return ModelDrafter(draft_model, sampling, generator)
+    if isinstance(draft_model, PreTrainedModel) or is_logits_source(draft_model):
+        source = fresh_source(draft_model, use_cache)
+        return ModelDrafter(source, sampling, generator)
     raise TypeError(
         "draft_model must be a transformers PreTrainedModel, a logits source "
         "(e.g. fast.LeanForward) or a Drafter (with draft(input_ids, "

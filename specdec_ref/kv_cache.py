@@ -26,15 +26,15 @@ rejection, or the last draft plus the bonus token after a fully accepted block.
 from __future__ import annotations
 
 import inspect
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 import transformers
 from transformers import DynamicCache, PreTrainedModel
 
-# The oldest transformers whose sliding-window layers roll back correctly: 5.14 added
-# past recording, but 5.17's attention masks still assume a window-sized cache (checked
-# on a CUDA machine: mask and keys differ in length); 5.24 passes tests/test_edges.py.
+# The oldest transformers whose sliding-window layers roll back correctly: earlier
+# releases either cannot record a sliding layer's past or build attention masks that
+# assume a window-sized cache (tests/test_edges.py checks the rollback).
 SLIDING_ROLLBACK_MIN = (5, 24)
 
 
@@ -45,11 +45,13 @@ def sliding_rollback_supported() -> bool:
     return release >= SLIDING_ROLLBACK_MIN and hasattr(layer, "activate_past_recording")
 
 
+@runtime_checkable
 class LogitsSource(Protocol):
     """Anything that answers 'logits of the last m positions of this sequence'."""
 
-    model: PreTrainedModel
-    forward_calls: int
+    model: PreTrainedModel  # the model whose logits it returns
+    max_length: int | None  # the most tokens its cache holds (None: no limit)
+    forward_calls: int  # the model's forward passes so far
 
     def last_logits(self, sequence: torch.Tensor, num_positions: int) -> torch.Tensor: ...
 
@@ -75,6 +77,8 @@ def uses_sliding_window(config: object) -> bool:
 class FullForward:
     """No cache: every call runs the model over the whole sequence."""
 
+    max_length = None  # no cache, no limit but the model's
+
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
         self.forward_calls = 0
@@ -94,6 +98,8 @@ class FullForward:
 
 class CachedForward:
     """A model with a `DynamicCache`: it only reads tokens it has not seen."""
+
+    max_length = None  # the cache grows as needed
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
@@ -211,3 +217,19 @@ def rollback_cache(model: PreTrainedModel) -> DynamicCache:
 def make_logits_source(model: PreTrainedModel, use_cache: bool) -> LogitsSource:
     """`CachedForward` when `use_cache`, else `FullForward`."""
     return CachedForward(model) if use_cache else FullForward(model)
+
+
+def is_logits_source(obj: object) -> bool:
+    """Whether `obj` is a `LogitsSource` over a transformers model (e.g.
+    `fast.StaticForward` or `fast.LeanForward`)."""
+    return isinstance(obj, LogitsSource) and isinstance(obj.model, PreTrainedModel)
+
+
+def fresh_source(model: PreTrainedModel | LogitsSource,
+                 use_cache: bool) -> LogitsSource:
+    """A generation's logits source: a model gets a new one
+    (`make_logits_source`); a source is used as it is, its cache emptied."""
+    if isinstance(model, PreTrainedModel):
+        return make_logits_source(model, use_cache)
+    model.rollback(0)  # it may hold an earlier call's cache
+    return model

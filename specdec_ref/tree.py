@@ -43,14 +43,13 @@ from .decoder import (
     GenerationOutput,
     GenerationStats,
     IterationRecord,
-    _check_capacity,
-    cut_after_eos,
+    close_block,
 )
 from .fast.lean import LeanForward
 from .sampling import SamplingConfig, logits_to_probs
 from .tree_forward import DraftTree, TreeForward, TreeSource, tree_attention, tree_source
 from .tree_verify import draw_children, verify_tree
-from .validation import as_integer, check_generation_args, eos_set
+from .validation import as_integer, check_capacity, check_generation_args, eos_set
 
 __all__ = ["ConfidentShape", "DraftTree", "TreeForward", "TreeRecord", "check_widths",
            "draft_tree", "tree_attention", "tree_speculative_generate",
@@ -200,24 +199,23 @@ def tree_speculative_step(
     path, last, tried = verify_tree(tree.tokens, tree.children, p, q,
                                     generator, greedy=sampling.greedy)
     emitted = [tree.tokens[node] for node in path] + [last]
-    emitted, hit_eos = cut_after_eos(emitted, eos)
-    num_accepted = min(len(path), len(emitted))  # none after an EOS
-    new = torch.tensor([emitted], dtype=sequence.dtype, device=sequence.device)
+    block = close_block(emitted, len(path), n, eos)  # cut after an EOS
+    new = torch.tensor([block.emitted], dtype=sequence.dtype,
+                       device=sequence.device)
     sequence = torch.cat([sequence, new], dim=1)  # (1, n + emitted)
     # 4. Keep the committed tokens and the accepted path; the last token
     # emitted stays unseen by both models, as in the chain.
-    keep = min(n + num_accepted, sequence.size(1) - 1)
-    slots = list(range(n)) + [n - 1 + node for node in path[: keep - n]]
+    slots = list(range(n)) + [n - 1 + node for node in path[: block.keep - n]]
     target.keep(slots)
     draft.keep(slots)
     # An EOS inside the path ends the block there: children tried below it
     # do not count.
-    cut = len(emitted) == num_accepted
-    record = TreeRecord(tree.tokens[1:], emitted, num_accepted,
-                        path=path[:num_accepted],
-                        tries=tried[:num_accepted] if cut else tried,
+    accepted = block.num_accepted
+    record = TreeRecord(tree.tokens[1:], block.emitted, accepted,
+                        path=path[:accepted],
+                        tries=tried[:accepted] if block.cut else tried,
                         parents=list(tree.parents))
-    return sequence, record, hit_eos
+    return sequence, record, block.hit_eos
 
 
 def draft_slots(widths: tuple[int, ...] | ConfidentShape) -> int:
@@ -295,10 +293,11 @@ def tree_speculative_generate(
     models = {"target_model": target_model, "draft_model": draft_weights}
     check_generation_args(models, input_ids, max_new_tokens, sampling,
                           generator)
-    # A LeanForward's buffers must hold the whole output, as in the chain.
-    _check_capacity(draft_model, input_ids.size(1) + max_new_tokens, "draft_model")
     target = tree_source(target_model, "target_model")
     draft = tree_source(draft_model, "draft_model")
+    # A LeanForward's buffers must hold the whole output, as in the chain.
+    check_capacity("draft_model", draft.capacity,
+                   input_ids.size(1) + max_new_tokens)
     eos = eos_set(eos_token_id)
     sequence, stats, trace = input_ids, GenerationStats(), []
     while stats.new_tokens < max_new_tokens:

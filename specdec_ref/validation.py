@@ -143,6 +143,19 @@ def check_drafter(drafter: object, name: str = "draft_model") -> None:
                 "forward_calls)")
 
 
+def check_capacity(name: str, max_length: int | None, needed: int) -> None:
+    """A logits source with a fixed cache (`max_length`) must hold the prompt
+    and every new token; None holds any length.
+
+    Raises:
+        ValueError: naming `name`, its `max_length` and the length needed.
+    """
+    if max_length is not None and needed > max_length:
+        raise ValueError(
+            f"{name} holds at most max_length={max_length} tokens, but the prompt "
+            f"and max_new_tokens need {needed}: build it with a larger max_length")
+
+
 def check_proposal(drafter: object, proposal: object, num_draft_tokens: int, vocab: int) -> None:
     """A drafter's proposal before the target judges it: at most `num_draft_tokens` integer
     token ids, shape (K',), each in [0, vocab). One device sync.

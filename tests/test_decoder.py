@@ -7,7 +7,7 @@ import torch
 from conftest import chi_square_pvalue, exact_joint_law, generator_on, make_model, noisy_copy, through
 
 from specdec_ref import SamplingConfig, autoregressive_generate, speculative_generate
-from specdec_ref.decoder import GenerationStats
+from specdec_ref.decoder import GenerationStats, close_block
 from specdec_ref.sampling import logits_to_probs
 from specdec_ref.verification import target_distributions
 
@@ -112,6 +112,23 @@ def test_exactly_max_new_tokens(close_pair, max_new_tokens, k):
                                num_draft_tokens=k, generator=torch.Generator().manual_seed(0))
     assert out.sequences.shape == (1, 2 + max_new_tokens)
     assert out.stats.new_tokens == max_new_tokens
+
+
+@pytest.mark.parametrize("emitted, accepted, eos, expected", [
+    ([7, 8, 9], 2, set(), ([7, 8, 9], 2, 12, False)),  # a rejection's correction
+    ([7, 8, 9, 6], 3, set(), ([7, 8, 9, 6], 3, 13, False)),  # a bonus token
+    ([7, 8, 9], 2, {9}, ([7, 8, 9], 2, 12, True)),  # the correction is an EOS
+    ([7, 8, 9], 2, {8}, ([7, 8], 2, 11, True)),  # an accepted EOS ends the block
+    ([7, 8, 9], 2, {7, 8}, ([7], 1, 10, True)),  # the first EOS counts
+    ([5], 0, {5}, ([5], 0, 10, True)),  # no drafts: one plain step
+])
+def test_close_block_keeps_prefix_and_accepted_drafts(emitted, accepted, eos, expected):
+    """close_block cuts after the first EOS, counts no draft after it, and keeps
+    all but the last emitted token in both caches (n = 10 before the block)."""
+    block = close_block(emitted, accepted, 10, eos)
+    assert (block.emitted, block.num_accepted, block.keep, block.hit_eos) == expected
+    assert block.keep == 10 + len(block.emitted) - 1
+    assert block.cut == (len(block.emitted) == block.num_accepted)
 
 
 def test_stops_right_after_eos_inside_an_accepted_block():

@@ -2,7 +2,9 @@
 
 * `pair`: what is measured: a model pair, a prompt set, the pair's pass costs c and v(K);
 * `arms`: the ways of generating that are compared, and one instrumented run of each;
-* `run`: the round-robin schedule, the JSON report and its table;
+* `config`: what defines a run (`BenchConfig`, from the command line: `parse_args`);
+* `run`: build the run, time the arms in a round-robin schedule, report
+  (`summary.make_report`) and print its table;
 * `methods`: the article's timing protocol next to a fair one, for one comparison.
 
 The chapters read the report (`bench.report.predicted_vs_measured`); besides the demo

@@ -94,7 +94,7 @@ class MeteredSource:
 
     def __init__(self, source, meter: ForwardMeter, role: str) -> None:
         self.source, self.meter, self.role = source, meter, role
-        self.model, self.max_length = source.model, getattr(source, "max_length", None)
+        self.model, self.max_length = source.model, source.max_length
 
     @property
     def forward_calls(self) -> int:

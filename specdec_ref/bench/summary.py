@@ -4,16 +4,88 @@
 alpha, tokens per target pass, time outside the forward passes, in-loop pass times);
 `greedy_mismatches` compares every greedy arm's tokens with the baseline's, prompt by
 prompt; `headline` picks each mode's fastest speculative arm and sets it against
-`generate`, assisted generation and the performance model.
+`generate`, assisted generation and the performance model; `make_report` puts them
+together as the report of one run (`run`: build, run the arms, report).
 """
 
 from __future__ import annotations
 
+import datetime
+import os
+import platform
+
+import torch
+import transformers
+
 from ..timing import Timing
-from .arms import Arm, RunRecord
+from .arms import VARIANTS, Arm, RunRecord, assisted_defaults
+from .config import BenchConfig, BenchSetup
+from .fast import fast_section
 from .report import predicted_vs_measured
+from .trees import tree_label, tree_section
 
 BASELINE = "hf generate"
+# The baseline of each mode: the fastest of target-only `generate` with the models as run and
+# its variants (`arms.VARIANTS`): the baseline's fastest configuration.
+BASELINES = (BASELINE, *(f"{BASELINE} {variant}" for variant in VARIANTS), "specdec_ref autoregressive fast")
+
+
+def make_report(config: BenchConfig, setup: BenchSetup,
+                 records: dict[Arm, list[tuple[int, int, RunRecord]]]) -> dict:
+    """The report of one run (the JSON `run_benchmark` returns): every arm's summary
+    and speedup over its mode's baseline, the measured costs, and the headline."""
+    summaries = [summarize(arm, records[arm]) for arm in setup.arms]
+    baselines = {mode: max((s for s in summaries if s["mode"] == mode and s["name"] in BASELINES),
+                           key=lambda s: s["tokens_per_s"]["median"]) for mode in config.modes}
+    for summary in summaries:
+        summary["speedup"] = (summary["tokens_per_s"]["median"]
+                              / baselines[summary["mode"]]["tokens_per_s"]["median"])
+    mismatches = greedy_mismatches(records)
+    report_baselines = {mode: summary["name"] for mode, summary in baselines.items()}
+    costs, fast = setup.costs, setup.fast
+    report = {
+        "meta": _meta(config, setup),
+        "cost_ratio": costs.cost_ratio,
+        "lean_cost_ratio": costs.lean_cost_ratio,
+        "loop_cost_ratio": costs.loop_cost_ratio,
+        "lean_loop_cost_ratio": costs.lean_loop_cost_ratio,
+        "verify_cost": {str(k): v for k, v in costs.verify_cost.items()},
+        "baselines": report_baselines,
+        "arms": summaries,
+        "greedy_identical": (not mismatches) if "greedy" in config.modes else None,
+        "greedy_mismatches": mismatches,
+        "fast_path": (fast_section(setup.fast_costs, summaries, report_baselines, max_k=max(setup.fast_k))
+                      if fast else None),
+        "trees": tree_section(setup.arms, records, summaries, report_baselines) if config.trees else None,
+    }
+    report["headline"] = headline(report)
+    return report
+
+
+def _meta(config: BenchConfig, setup: BenchSetup) -> dict:
+    """The report's `meta`: what ran, where, with which versions and settings."""
+    pair, device, prompts, costs = setup.pair, setup.device, setup.prompts, setup.costs
+    return {
+        "pair": pair.name, "requested_pair": config.pair, "pair_description": pair.description,
+        "device": str(device),
+        "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                        else platform.processor() or platform.machine()),
+        "dtype": config.dtype, "linear": setup.linear,
+        "attention": pair.target_model.config._attn_implementation,
+        "baseline_variants": {f"{BASELINE} {v}": VARIANTS[v] for v in setup.variants},
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "python": platform.python_version(), "date": datetime.datetime.now().astimezone().isoformat(),
+        "prompts": len(prompts), "prompt_source": setup.prompt_source,
+        "prompt_lengths": [int(p.size(1)) for p in prompts], "max_new_tokens": config.max_new_tokens,
+        "repeats": config.repeats, "threads": torch.get_num_threads(), "k_values": list(config.k_values),
+        "onednn_kernel_cache": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"),
+        "modes": list(config.modes), "seed": config.seed, "cost_context": costs.context,
+        "target_pass_ms": 1000 * costs.target_seconds,
+        "overhead_method": "forward hooks on both models (GPU synchronized at each pass boundary)",
+        "hf_assisted_defaults": assisted_defaults(), "fast": setup.fast,
+        "compiled_generate_error": setup.compile_error,
+        "prepare": setup.prepared, "trees": [tree_label(shape) for shape in config.trees],
+    }
 
 
 def headline(report: dict) -> dict:

@@ -1,8 +1,12 @@
 """The performance kernels: the same arithmetic as the models, in less time.
 
-No chapter module imports them; chapter 6 and the benchmark do. Each changes only
-how long a pass takes, never what it computes (their tests compare logits and
-greedy tokens with the plain models'):
+The chapter modules of chapters 2 to 7 (`drafting` to `decoder`) never import
+them; chapter 6 and the benchmark do. One exception: chapter 8's tree decoder
+(`tree`, `tree_forward`) imports `lean`, because a `LeanForward` draft grows
+its trees through the same buffers (`tree_forward.LeanTreeForward`); the rule is
+checked by `tests/test_layout.py`. Each kernel changes only how long a pass takes,
+never what it computes (their tests compare logits and greedy tokens with the
+plain models'):
 
 * `blocks`: a GPT-2 or Llama-style model cut into embed / blocks / head, so a pass
   can be run with an attention over a cache this package owns;

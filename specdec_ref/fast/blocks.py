@@ -30,6 +30,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..kv_cache import uses_sliding_window
+from ..validation import check_sequence
 
 # attend(q (H, m, d), k (H_kv, m, d), v (H_kv, m, d)) -> (m, H * d): attention of the m
 # new tokens over the cached ones and themselves; the caller owns the cache.
@@ -136,23 +137,51 @@ def _gpt2_blocks(model: PreTrainedModel) -> ModelBlocks:
     return ModelBlocks(embed, [block_of(layer) for layer in body.h], head, heads, heads, head_dim, scales, limit)
 
 
+def check_pass(sequence: torch.Tensor, seen: int, num_positions: int, max_length: int,
+               owner: str) -> int:
+    """The input of a cached pass (`static`, `lean`): a (1, n) sequence whose tokens past
+    the `seen` cached ones include the last `num_positions` >= 1, with n <= max_length.
+
+    Returns:
+        n, the sequence's length.
+
+    Raises:
+        ValueError: naming num_positions or max_length (and `owner`, the class to rebuild).
+    """
+    check_sequence(sequence)
+    end = sequence.size(1)
+    if not 1 <= num_positions <= end - seen:
+        raise ValueError(f"num_positions={num_positions} but {end - seen} tokens are unseen (the cache holds "
+                         f"{seen} of {end}); it must be between 1 and the unseen count: call rollback() first")
+    if end > max_length:
+        raise ValueError(f"the sequence has {end} tokens, more than max_length={max_length}; "
+                         f"build a {owner} with a larger max_length")
+    return end
+
+
+def rotary_rows(model: PreTrainedModel, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos / sin rows (P, d) of every position of a Llama-style model, from its own rotary
+    module (so its rope scaling is honoured), computed once; `static` and `lean` use them."""
+    weight = model.model.embed_tokens.weight
+    with torch.no_grad():
+        ids = torch.arange(num_positions, device=weight.device)[None]  # (1, P)
+        cos, sin = model.model.rotary_emb(weight[:1][None], ids)  # (1, P, d) each
+    return cos[0], sin[0]  # (P, d)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of x (heads, m, d) with cos / sin rows (m, d)."""
+    half = x.size(-1) // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
 def _llama_blocks(model: PreTrainedModel, num_positions: int) -> ModelBlocks:
     """Llama-style: x = embed[ids]; per block RMSNorm, rotary q/k, grouped-query attention, gated MLP."""
     config, body = model.config, model.model
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    # cos / sin rows of every position, from the model's own rotary module (so its rope
-    # scaling is honoured), computed once.
-    weight = body.embed_tokens.weight
-    with torch.no_grad():
-        ids = torch.arange(num_positions, device=weight.device)[None]  # (1, P)
-        cos, sin = body.rotary_emb(weight[:1][None], ids)  # (1, P, d) each
-    cos, sin = cos[0], sin[0]  # (P, d)
-
-    def rotate(x: torch.Tensor, cos_rows: torch.Tensor, sin_rows: torch.Tensor) -> torch.Tensor:
-        half = x.size(-1) // 2
-        return x * cos_rows + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin_rows
+    cos, sin = rotary_rows(model, num_positions)  # (P, d) each
 
     def embed(ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return body.embed_tokens.forward(ids)  # (m, D); positions enter through the rotary rows

@@ -15,9 +15,9 @@ same weights through the same arithmetic with none of that:
 * each block is RMSNorm, attention (`scaled_dot_product_attention`, grouped-query
   when H_kv < H), RMSNorm, SwiGLU, read from the model's own weight tensors; the
   linear layers are called through the model's own layers' `forward`, so a draft
-  prepacked by `packed.pack_linear_layers` runs its oneDNN kernels here too (on the
-  book's CPU, in bfloat16, one row through the tiny draft's head takes 55 us so
-  against 122 us with plain `F.linear`).
+  prepacked by `packed.pack_linear_layers` runs its oneDNN kernels here too, which
+  on a CPU in bfloat16 beat plain `F.linear` (`packed`'s docstring; the benchmark
+  report `specdec_ref/data/bench-tiny-cpu.json` compares with and without).
 
 It answers the `kv_cache.LogitsSource` question ("logits of the last m positions of
 this sequence") and plugs into the decoder as a drafter:
@@ -42,8 +42,8 @@ from transformers import PreTrainedModel
 
 from ..kv_cache import uses_sliding_window
 from ..timing import time_call
-from ..validation import check_integer, check_sequence, model_device, vocab_size
-from .blocks import length_dependent_rope
+from ..validation import check_integer, model_device, vocab_size
+from .blocks import check_pass, length_dependent_rope, rotary_rows, rotate
 
 # Model types whose decoder block is exactly: RMSNorm, rotary attention (optional
 # q/k/v biases), RMSNorm, SwiGLU MLP.
@@ -68,13 +68,6 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     """RMSNorm as `transformers` computes it: in float32, scaled in the input dtype."""
     variance = x.float().pow(2).mean(-1, keepdim=True)
     return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding of x (heads, m, d) with cos / sin rows (m, d)."""
-    half = x.size(-1) // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
 
 
 class LeanForward:
@@ -112,11 +105,7 @@ class LeanForward:
         shape = (self.kv_heads, positions, self.head_dim)
         self.keys = [weight.new_zeros(shape) for _ in self.blocks]
         self.values = [weight.new_zeros(shape) for _ in self.blocks]
-        # cos / sin rows of every position, from the model's own rotary module.
-        with torch.no_grad():
-            ids = torch.arange(positions, device=weight.device)[None]  # (1, P)
-            cos, sin = body.rotary_emb(weight[:1][None], ids)  # (1, P, d) each
-        self.cos, self.sin = cos[0], sin[0]  # (P, d)
+        self.cos, self.sin = rotary_rows(model, positions)  # (P, d) each, as `static`'s
 
     @torch.no_grad()
     def last_logits(self, sequence: torch.Tensor, num_positions: int) -> torch.Tensor:
@@ -125,13 +114,8 @@ class LeanForward:
         Feeds only the tokens past `length`, which must include the last
         `num_positions` positions (as `CachedForward.last_logits`).
         """
-        check_sequence(sequence)
-        seen, end = self.length, sequence.size(1)
-        if end - seen < num_positions:
-            raise ValueError(f"num_positions={num_positions} but only {end - seen} tokens are unseen "
-                             f"(the cache holds {seen} of {end}); call rollback() first")
-        if end > self.max_length:
-            raise ValueError(f"the sequence has {end} tokens, more than max_length={self.max_length}")
+        seen = self.length
+        end = check_pass(sequence, seen, num_positions, self.max_length, "LeanForward")
         m = end - seen
         # New token i (at position seen + i) sees the keys at positions <= seen + i.
         mask = None
@@ -193,10 +177,10 @@ class LeanForward:
         q = block["q"](h).view(m, self.heads, self.head_dim).transpose(0, 1)
         k = block["k"](h).view(m, self.kv_heads, self.head_dim).transpose(0, 1)
         v = block["v"](h).view(m, self.kv_heads, self.head_dim).transpose(0, 1)
-        keys[:, seen:end] = _rotate(k, cos, sin)  # (H_kv, m, d) written in place
+        keys[:, seen:end] = rotate(k, cos, sin)  # (H_kv, m, d) written in place
         values[:, seen:end] = v
         out = F.scaled_dot_product_attention(
-            _rotate(q, cos, sin)[None], keys[None, :, :end], values[None, :, :end],
+            rotate(q, cos, sin)[None], keys[None, :, :end], values[None, :, :end],
             attn_mask=mask, enable_gqa=self.kv_heads != self.heads)  # (1, H, m, d)
         return block["o"](out[0].transpose(0, 1).reshape(m, -1))
 

@@ -1,9 +1,9 @@
 """A static KV cache, and decoding passes a GPU replays as CUDA graphs (chapter 6's fast path).
 
 On a GPU a `transformers` forward pass of a model the size of GPT-2 XL is set by
-kernel launches and Python, not by memory bandwidth: the H200 sweep
-(`size-sweep-cuda.json`) took 29.6 ms for a one-token bf16 step of GPT-2 XL's shape,
-about 50 times the 0.65 ms its weights need to stream. The remedy, as in PyTorch's
+kernel launches and Python, not by memory bandwidth: a one-token bf16 step of
+GPT-2 XL's shape takes many times what streaming its weights needs (the H200 sweep,
+`specdec_ref/data/size-sweep-cuda.json`, holds the step times). The remedy, as in PyTorch's
 gpt-fast and in vLLM and SGLang, is to fix every shape and address of a decoding
 pass, record its kernels once as a CUDA graph, and replay the recording: one launch
 per pass instead of hundreds.
@@ -43,8 +43,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from ..validation import check_integer, check_sequence, model_device
-from .blocks import model_blocks
+from ..validation import check_integer, model_device
+from .blocks import check_pass, model_blocks
 
 # Without max_length: the model's own limit, but never more than this many positions
 # (a long-context model would otherwise preallocate gigabytes of cache).
@@ -118,15 +118,9 @@ class StaticForward:
         Feeds only the tokens past `length`, which must include the last
         `num_positions` positions (as `CachedForward.last_logits`).
         """
-        check_sequence(sequence)
-        seen, end = self.length, sequence.size(1)
+        seen = self.length
+        end = check_pass(sequence, seen, num_positions, self.max_length, "StaticForward")
         m = end - seen
-        if m < num_positions or num_positions < 1:
-            raise ValueError(f"num_positions={num_positions} but {m} tokens are unseen (the cache holds {seen} "
-                             f"of {end}); it must be between 1 and the unseen count: call rollback() first")
-        if end > self.max_length:
-            raise ValueError(f"the sequence has {end} tokens, more than max_length={self.max_length}; "
-                             "build a StaticForward with a larger max_length")
         if self._weights_fingerprint() != self._fingerprint:
             raise RuntimeError("the model's weights moved or changed dtype since this StaticForward was built "
                                "(its cache and captured graphs use the old ones); build a new StaticForward")
