@@ -12,14 +12,22 @@ check = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(check)
 
 
-def test_a_long_page_and_a_split_table_warn_without_failing(monkeypatch):
-    """A page over the height limit and a table split over output blocks are warnings, not problems."""
-    report = {"height": check.MAX_PAGE_HEIGHT + 1, "splitTables": ['2 output blocks: "rows  1  2"']}
+CLEAN = {"untypeset": [], "rawTex": [], "rawMarkdown": [], "math": 0, "mathjax": True, "broken": [],
+         "noAlt": [], "uncaptioned": [], "scrolling": [], "failed": [], "colab": [], "widgets": 0,
+         "unrenderedWidgets": 0, "exceptions": [], "refused": []}
+
+
+def test_a_long_page_warns_and_a_split_table_fails(monkeypatch):
+    """A page over the height limit is a warning; a table split over output blocks fails the page
+    (a warning only where SPLIT_TABLES_FAIL is turned off)."""
+    report = {**CLEAN, "height": check.MAX_PAGE_HEIGHT + 1, "splitTables": ['2 output blocks: "rows  1  2"']}
     assert check.warnings({"height": check.MAX_PAGE_HEIGHT, "splitTables": []}) == []
+    assert check.problems("a.html", False, {**CLEAN, "splitTables": []}, offline=True) == []
     warned = check.warnings(report)
-    assert len(warned) == 2 and f"{check.MAX_PAGE_HEIGHT + 1:,} px tall" in warned[0]
-    monkeypatch.setattr(check, "SPLIT_TABLES_FAIL", True)
-    assert check.warnings(report) == warned[:1]
+    assert len(warned) == 1 and f"{check.MAX_PAGE_HEIGHT + 1:,} px tall" in warned[0]
+    assert check.problems("a.html", False, report, offline=True) == ['table split over 2 output blocks: "rows  1  2"']
+    monkeypatch.setattr(check, "SPLIT_TABLES_FAIL", False)
+    assert len(check.warnings(report)) == 2 and check.problems("a.html", False, report, offline=True) == []
 
 
 def test_the_check_is_skipped_without_chromium(monkeypatch, capsys, tmp_path):
@@ -35,15 +43,15 @@ ROW = '<div class="output stream"><div class="highlight"><pre>{}\n</pre></div></
 @pytest.mark.slow
 @pytest.mark.skipif(check.find_browser() is None, reason="no Chromium on this machine")
 def test_browser_check_warns_on_a_long_page_and_fails_on_an_exception(tmp_path, capsys):
-    """In Chromium: a tall page and a split table warn; an uncaught exception fails the page."""
+    """In Chromium: a tall page warns; a split table and an uncaught exception fail the page."""
     pytest.importorskip("playwright")
     split = ROW.format("attention   1 token") + ROW.format("sdpa          10.23") + ROW.format("one line, no table")
     page = ('<html><body><main><article><div class="cell_output">{}</div>'
             f'<div style="height: {check.MAX_PAGE_HEIGHT + 1000}px"></div>{{}}</article></main></body></html>')
     (tmp_path / "index.html").write_text(page.format(split, ""))
-    assert check.main(["--build", str(tmp_path)]) == 0
+    assert check.main(["--build", str(tmp_path)]) == 1
     out = capsys.readouterr().out
-    assert "WARNING index.html: table split over 2 output blocks: \"attention   1 token\"" in out
+    assert "- table split over 2 output blocks: \"attention   1 token\"" in out
     height = int(re.search(r"WARNING index.html: ([\d,]+) px tall at 1280 px", out)[1].replace(",", ""))
     assert check.MAX_PAGE_HEIGHT + 1000 <= height < check.MAX_PAGE_HEIGHT + 1200
     (tmp_path / "index.html").write_text(page.format("", "<script>null.boom()</script>"))
