@@ -31,6 +31,7 @@ import difflib
 import json
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -270,20 +271,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--page", type=Path, default=PAGE)
     parser.add_argument("--readme", type=Path, default=README)
     args = parser.parse_args(argv)
+    return write_or_check("claims.py", args.write,
+                          lambda: outputs(Sources(args.notebooks, args.data), args.template, args.page, args.readme))
+
+
+def write_or_check(script: str, write: bool, expected: Callable[[], dict[Path, str]]) -> int:
+    """Write the pages `expected()` gives (write), or print how the committed ones differ.
+
+    Returns 0 when written or up to date, 1 when --check finds a page out of date, 2 when
+    a placeholder names an unknown source."""
     try:
-        expected = outputs(Sources(args.notebooks, args.data), args.template, args.page, args.readme)
+        pages = expected()
     except ClaimsError as error:
-        print(f"claims.py: {error}", file=sys.stderr)
+        print(f"{script}: {error}", file=sys.stderr)
         return 2
-    if args.write:
-        for path, text in expected.items():
+    if write:
+        for path, text in pages.items():
             path.write_text(text, encoding="utf-8")
         return 0
-    diffs = stale(expected)
+    diffs = stale(pages)
     for diff in diffs:
         print(diff, file=sys.stderr)
     if diffs:
-        print("claims.py: out of date; run `python scripts/claims.py --write`", file=sys.stderr)
+        print(f"{script}: out of date; run `python scripts/{script} --write`", file=sys.stderr)
     return 1 if diffs else 0
 
 

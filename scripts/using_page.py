@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # claims.py lies beside this file
-from claims import ROOT, ClaimsError, Sources, fill, stale  # noqa: E402
+from claims import ROOT, Sources, fill, write_or_check  # noqa: E402
 
 TEMPLATE = ROOT / "scripts" / "using.in.md"
 PAGE = ROOT / "book" / "using-speculative-decoding.md"
@@ -37,22 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--template", type=Path, default=TEMPLATE)
     parser.add_argument("--page", type=Path, default=PAGE)
     args = parser.parse_args(argv)
-    try:
-        expected = outputs(Sources(data=args.data), args.template, args.page)
-    except ClaimsError as error:
-        print(f"using_page.py: {error}", file=sys.stderr)
-        return 2
-    if args.write:
-        for path, text in expected.items():
-            path.write_text(text, encoding="utf-8")
-        return 0
-    diffs = stale(expected)
-    for diff in diffs:
-        print(diff, file=sys.stderr)
-    if diffs:
-        print("using_page.py: out of date; run `python scripts/using_page.py --write`", file=sys.stderr)
-    return 1 if diffs else 0
-
+    return write_or_check("using_page.py", args.write,
+                          lambda: outputs(Sources(data=args.data), args.template, args.page))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -393,7 +393,7 @@ def _using_script():
 def test_using_page_is_what_its_script_writes():
     """book/using-speculative-decoding.md equals what `scripts/using_page.py --write` writes."""
     using = _using_script()
-    diffs = using.stale(using.outputs(using.Sources()))
+    diffs = claims_script.stale(using.outputs(using.Sources()))
     assert diffs == [], "\n".join(diffs) + "\nrun `python scripts/using_page.py --write`"
 
 
