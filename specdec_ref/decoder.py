@@ -23,7 +23,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .drafting import Drafter, ModelDrafter, as_drafter, is_drafter
-from .kv_cache import LogitsSource, fresh_source, is_logits_source
+from .kv_cache import LogitsSource, as_target_source
 from .rejection import accept_reject
 from .sampling import SamplingConfig, logits_to_probs, sample
 from .schedules import DraftLengthSchedule, as_schedule, next_draft_length
@@ -215,23 +215,6 @@ def speculative_step(
     record = IterationRecord(proposal.tokens.tolist(), block.emitted,
                              block.num_accepted)
     return sequence, record, block.hit_eos
-
-
-def as_target_source(target_model: PreTrainedModel | LogitsSource,
-                     use_cache: bool, name: str) -> LogitsSource:
-    """The target as a logits source: a model gets a new one, a source
-    (e.g. `fast.StaticForward`) is used with its cache emptied.
-
-    Raises:
-        TypeError: naming `name`, for anything else.
-    """
-    if not (isinstance(target_model, PreTrainedModel)
-            or is_logits_source(target_model)):
-        raise TypeError(
-            f"{name} must be a transformers PreTrainedModel or a logits source "
-            "(with .model, .max_length, last_logits(sequence, num_positions) "
-            f"and rollback(length)), got {type(target_model).__name__}")
-    return fresh_source(target_model, use_cache)
 
 
 @torch.no_grad()

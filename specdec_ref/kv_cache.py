@@ -233,3 +233,20 @@ def fresh_source(model: PreTrainedModel | LogitsSource,
         return make_logits_source(model, use_cache)
     model.rollback(0)  # it may hold an earlier call's cache
     return model
+
+
+def as_target_source(target_model: PreTrainedModel | LogitsSource,
+                     use_cache: bool, name: str) -> LogitsSource:
+    """The target as a logits source: a model gets a new one, a source
+    (e.g. `fast.StaticForward`) is used with its cache emptied.
+
+    Raises:
+        TypeError: naming `name`, for anything else.
+    """
+    if not (isinstance(target_model, PreTrainedModel)
+            or is_logits_source(target_model)):
+        raise TypeError(
+            f"{name} must be a transformers PreTrainedModel or a logits source "
+            "(with .model, .max_length, last_logits(sequence, num_positions) "
+            f"and rollback(length)), got {type(target_model).__name__}")
+    return fresh_source(target_model, use_cache)
