@@ -9,7 +9,11 @@ named tuple, so `pair.target_model` says which is which, while the decoders take
 * "gpt2": gpt2 -> gpt2-xl, the pair of the article;
 * "qwen2.5": Qwen/Qwen2.5-0.5B -> Qwen/Qwen2.5-7B, and "qwen2.5-1.5b" (-> 1.5B, fits a
   free Colab GPU). These models pad their embedding matrices to different sizes (151936
-  rows for 0.5B and 1.5B, 152064 for 7B) around one tokenizer of 151665 tokens.
+  rows for 0.5B and 1.5B, 152064 for 7B) around one tokenizer of 151665 tokens;
+* two pairs whose draft has a tokenizer of its own (chapter 9), returned as a
+  `CrossPair` with both tokenizers: "tiny-cross" (the embedded draft with its own
+  vocabulary, `pairs/tiny/own-vocab-draft`, -> the tiny target) and "pythia-gpt2"
+  (EleutherAI/pythia-160m, GPT-NeoX's tokenizer, -> gpt2-xl; fits a free Colab GPU).
 
 Invariant: the two returned models have output embeddings of the same size N, and
 every id in [0, N) is a token of the tokenizer; so p and q are distributions over the
@@ -55,6 +59,7 @@ class PairSpec:
     target: str  # hub id, or a folder name under pairs/ for embedded pairs
     embedded: bool = False  # True: folders inside this package, no network needed
     note: str = ""  # one line for listings
+    cross: bool = False  # True: the draft has a tokenizer of its own (a `CrossPair`)
 
 
 PAIRS: dict[str, PairSpec] = {
@@ -62,6 +67,10 @@ PAIRS: dict[str, PairSpec] = {
     "gpt2": PairSpec("gpt2", "gpt2-xl", note="the article's pair: 124M -> 1.5B"),
     "qwen2.5": PairSpec("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-7B", note="vocabularies 151936 vs 152064"),
     "qwen2.5-1.5b": PairSpec("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B", note="fits a 16 GB GPU in float16"),
+    "tiny-cross": PairSpec("own-vocab-draft", "target", embedded=True, cross=True,
+                           note="embedded; the draft has its own tokenizer (pairs/tiny/own-vocab-draft)"),
+    "pythia-gpt2": PairSpec("EleutherAI/pythia-160m", "gpt2-xl", cross=True,
+                            note="GPT-NeoX's tokenizer -> GPT-2's: 162M -> 1.5B, fits a 16 GB GPU"),
 }
 
 
@@ -72,6 +81,16 @@ class ModelPair(NamedTuple):
     draft_model: PreTrainedModel  # the small model that proposes tokens
     target_model: PreTrainedModel  # the large model whose distribution the output follows
     tokenizer: PreTrainedTokenizerBase  # shared by both
+
+
+class CrossPair(NamedTuple):
+    """A loaded pair whose draft has a tokenizer of its own (chapter 9): it unpacks as
+    `draft_model, target_model, tokenizer, draft_tokenizer = load_pair(...)`."""
+
+    draft_model: PreTrainedModel  # the small model that proposes (in its own tokens)
+    target_model: PreTrainedModel  # the large model whose distribution the output follows
+    tokenizer: PreTrainedTokenizerBase  # the target's: the output's tokens
+    draft_tokenizer: PreTrainedTokenizerBase  # the draft's own
 
 
 class PairUnavailableError(OSError):
@@ -204,7 +223,8 @@ def load_pair(
     """Load a named draft / target pair and its shared tokenizer.
 
     Args:
-        name: one of `PAIRS` ("tiny", "gpt2", "qwen2.5", "qwen2.5-1.5b").
+        name: one of `PAIRS` ("tiny", "gpt2", "qwen2.5", "qwen2.5-1.5b"; "tiny-cross" and
+            "pythia-gpt2", whose drafts have tokenizers of their own, give a `CrossPair`).
         device: where both models go (None: CUDA when available, else CPU).
         dtype: parameter dtype (None: float32 on CPU and for "tiny", else bfloat16 or float16).
         device_map: for hub pairs, e.g. "auto" to spread a large target over the visible
@@ -214,7 +234,7 @@ def load_pair(
 
     Returns:
         A `ModelPair` (draft_model, target_model, tokenizer), in eval mode, with equal
-        output vocabularies.
+        output vocabularies; for a cross pair a `CrossPair`, each model with its own.
 
     Raises:
         ValueError: for an unknown name.
@@ -224,9 +244,11 @@ def load_pair(
     if name not in PAIRS:
         raise ValueError(f"name must be one of {sorted(PAIRS)}, got {name!r}")
     spec = PAIRS[name]
+    if spec.embedded and device_map is not None:
+        raise ValueError(f"device_map is for hub pairs; the {name!r} pair fits on one device, got {device_map!r}")
+    if spec.cross:
+        return _load_cross_pair(name, spec, device, dtype, local_files_only, **from_pretrained_kwargs)
     if spec.embedded:
-        if device_map is not None:
-            raise ValueError(f"device_map is for hub pairs; the {name!r} pair fits on one device, got {device_map!r}")
         return load_pair_from_folder(TINY_DIR, device=device, dtype=dtype)
     device = _default_device(device)
     dtype = _default_dtype(dtype, device, embedded=False)
@@ -253,3 +275,26 @@ def load_pair(
     draft_model, target_model = _finish(draft_model, tokenizer), _finish(target_model, tokenizer)
     align_vocabularies(draft_model, target_model, tokenizer)
     return ModelPair(draft_model, target_model, tokenizer)
+
+
+def _load_cross_pair(name: str, spec: PairSpec, device: str | torch.device | None, dtype: torch.dtype | None,
+                     local_files_only: bool, **kwargs) -> CrossPair:
+    """Two models, each with its own tokenizer; neither vocabulary is cut."""
+    device = _default_device(device)
+    dtype = _default_dtype(dtype, device, embedded=spec.embedded)
+    root = TINY_DIR if spec.embedded else None
+    sources = [str(root / part) if root else part for part in (spec.draft, spec.target)]
+    options = {"local_files_only": local_files_only or spec.embedded, **kwargs}
+    try:
+        tokenizers = [AutoTokenizer.from_pretrained(source, **options) for source in sources]
+        models = [AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **options).to(device)
+                  for source in sources]
+    except OSError as error:
+        raise PairUnavailableError(
+            f"could not load the {name!r} pair ({spec.draft} -> {spec.target}) from the Hugging Face hub or "
+            f"its local cache ({type(error).__name__}: {error}). Without network access, use "
+            "load_pair('tiny-cross'), the cross-tokenizer pair embedded in this package (or load_pair('tiny'))."
+        ) from error
+    (draft_tokenizer, tokenizer), (draft_model, target_model) = tokenizers, models
+    return CrossPair(_finish(draft_model, draft_tokenizer), _finish(target_model, tokenizer), tokenizer,
+                     draft_tokenizer)

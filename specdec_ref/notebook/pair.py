@@ -36,6 +36,8 @@ SCALE_TEXT = "The capital of France is"
 # The pair a Colab GPU gets (the article's), and the one everything else gets.
 GPU_PAIR = "gpt2"
 CPU_PAIR = "tiny"
+# Chapter 9's counterpart of each pair: the same target, a draft with a tokenizer of its own.
+CROSS_PAIRS = {"tiny": "tiny-cross", "gpt2": "pythia-gpt2"}
 
 
 def probability_tolerance(dtype: torch.dtype, logit_scale: float) -> float:
@@ -145,6 +147,7 @@ class BookPair:
     tokenizer: PreTrainedTokenizerBase  # shared by both models
     device: torch.device  # where both models live
     reason: str = ""  # why this pair was chosen (`pair_choice`)
+    draft_tokenizer: PreTrainedTokenizerBase | None = None  # the draft's own, in a cross pair (chapter 9)
     _logit_scale: float | None = field(default=None, repr=False)  # measured once, by `logit_scale`
 
     @property
@@ -196,7 +199,8 @@ class BookPair:
         why = f"\nwhy: {self.reason}" if self.reason else ""
         return (f"pair {self.name!r}: draft {millions(self.draft_model)}, "
                 f"target {millions(self.target_model)} parameters\n"
-                f"shared vocabulary: {len(self.tokenizer)} tokens\n"
+                + (f"vocabularies: target {len(self.tokenizer)}, draft {len(self.draft_tokenizer)} tokens\n"
+                   if self.draft_tokenizer is not None else f"shared vocabulary: {len(self.tokenizer)} tokens\n") +
                 f"device: {where}; dtype: {str(self.dtype).removeprefix('torch.')}{why}")
 
     def encode(self, text: str) -> torch.Tensor:
@@ -210,11 +214,14 @@ class BookPair:
 
 
 def open_pair(override: str | None = None, *, device: torch.device | str | None = None,
-              dtype: torch.dtype | None = None) -> BookPair:
+              dtype: torch.dtype | None = None, cross: bool = False) -> BookPair:
     """Load the pair `choose_pair(override)` names, in eval mode, on `device`.
 
     Args:
         override: a pair name; None lets `choose_pair` decide.
+        cross: chapter 9: load the named pair's counterpart whose draft has a tokenizer of
+            its own (`CROSS_PAIRS`: "tiny" -> "tiny-cross", "gpt2" -> "pythia-gpt2");
+            a name that is already such a pair is kept.
         device: default CUDA when available, else the CPU.
         dtype: default `$SPECDEC_DTYPE`, else `load_pair`'s choice (float32 on a CPU and for
             the tiny pair; bfloat16 on a GPU that computes it natively, else float16).
@@ -227,6 +234,8 @@ def open_pair(override: str | None = None, *, device: torch.device | str | None 
     from ..models import PAIRS, load_pair
 
     name, reason = pair_choice(override)
+    if cross:
+        name = CROSS_PAIRS.get(name, name)
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     # An embedded pair loads in a blink: its progress bars (widgets in a notebook) would
     # only clutter the page. Downloads of hub pairs keep theirs.
@@ -234,10 +243,14 @@ def open_pair(override: str | None = None, *, device: torch.device | str | None 
     if quiet:
         hf_logging.disable_progress_bar()
     try:
-        draft_model, target_model, tokenizer = load_pair(name, device=device, dtype=dtype or chosen_dtype())
+        loaded = load_pair(name, device=device, dtype=dtype or chosen_dtype())
     finally:
         if quiet:
             hf_logging.enable_progress_bar()
-    return BookPair(name, draft_model.eval(), target_model.eval(), tokenizer, device, reason)
+    if cross and not PAIRS[name].cross:
+        raise ValueError(f"chapter 9 needs a pair whose draft has its own tokenizer (e.g. "
+                         f"{sorted(set(CROSS_PAIRS.values()))}); {name!r} shares one tokenizer")
+    return BookPair(name, loaded.draft_model.eval(), loaded.target_model.eval(), loaded.tokenizer, device, reason,
+                    draft_tokenizer=getattr(loaded, "draft_tokenizer", None))
 
 
