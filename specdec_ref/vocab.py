@@ -153,7 +153,8 @@ class TokenizerPair:
         self.target, self.draft, self.lookbehind = target_tokenizer, draft_tokenizer, lookbehind
         # Role by role: the target's special id -> the draft's (None where the draft has no such role).
         self.to_draft_special = {}
-        for role in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
+        # One id in several roles (GPT-2: <|endoftext|> is BOS, EOS and padding) crosses as an EOS.
+        for role in ("eos_token_id", "bos_token_id", "pad_token_id", "unk_token_id"):
             tid = getattr(target_tokenizer, role)
             if tid is not None and tid not in self.to_draft_special:
                 self.to_draft_special[tid] = getattr(draft_tokenizer, role)

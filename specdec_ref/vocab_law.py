@@ -46,7 +46,7 @@ def toy_tokenizers():
     from .training.own_vocab import PIECES
 
     target = Tokenizer(models.BPE({"a": 0, "b": 1, "Ġ": 2, "ab": 3, "Ġa": 4, "Ġab": 5},
-                                  [("a", "b"), ("Ġ", "a"), ("Ġa", "b")]))
+                                  [("Ġ", "a"), ("Ġa", "b"), ("a", "b")]))
     target.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     target.decoder = decoders.ByteLevel()
     target.add_special_tokens(["<|endoftext|>"])

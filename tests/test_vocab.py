@@ -81,8 +81,8 @@ def test_special_tokens_cross_by_role_and_their_strings_stay_text(toys):
 
 
 def test_target_tokens_merge_a_word_split_across_the_boundary(toys):
-    """After " a", the draft's "b" is the target's "ab"? No: " a" is already emitted, so
-    "b" stays a token of its own, never rewriting what was emitted."""
+    """Text after "a" is re-encoded with it (" ab" joins into one token), but text that would
+    rewrite an emitted token (" a" + "b" -> " ab") is encoded on its own instead."""
     target, draft = toys
     bridge = TokenizerPair(target, draft)
     emitted = target.encode(" a", add_special_tokens=False)  # [" a"]
