@@ -27,6 +27,9 @@ from functools import cache
 import torch
 from transformers import PreTrainedTokenizerBase
 
+# How a SentencePiece-style tokenizer (the shipped draft's, the toy draft's) cuts text,
+# spaces written "▁": runs of spaces before a word stay one piece, the last goes with the word.
+PIECES = r"▁+(?=▁)|▁?[^▁\n]+|\n+|▁+"
 # What a tokenizer must offer to take part (a "fast" tokenizer has them all).
 NEEDED = ("convert_ids_to_tokens", "decode", "encode", "get_vocab", "backend_tokenizer")
 

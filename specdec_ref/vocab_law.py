@@ -27,7 +27,7 @@ from .cross_drafting import SharedProposal
 from .decoder import close_block
 from .rejection import residual_distribution
 from .sampling import SamplingConfig
-from .vocab import TokenizerPair
+from .vocab import PIECES, TokenizerPair
 
 Law = dict[tuple[int, ...], float]
 
@@ -42,8 +42,6 @@ def toy_tokenizers():
     """
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
-
-    from .training.own_vocab import PIECES
 
     target = Tokenizer(models.BPE({"a": 0, "b": 1, "Ġ": 2, "ab": 3, "Ġa": 4, "Ġab": 5},
                                   [("Ġ", "a"), ("Ġa", "b"), ("a", "b")]))

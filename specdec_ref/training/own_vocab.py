@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerFast
 
+from ..vocab import PIECES
 from .config import DEFAULT_OUT, TrainConfig
 from .corpus import CorpusConfig, load_corpus
 from .train import build_model, encode, num_params, save_half, train_model
@@ -38,8 +39,6 @@ from .train import build_model, encode, num_params, save_half, train_model
 OWN_VOCAB_DIR = DEFAULT_OUT / "own-vocab-draft"
 SPECIALS = ["<unk>", "<s>", "</s>"]
 BYTES = [f"<0x{b:02X}>" for b in range(256)]
-# Runs of spaces before a word stay one piece; the last space goes with the word.
-PIECES = r"▁+(?=▁)|▁?[^▁\n]+|\n+|▁+"
 
 
 def train_sentencepiece_bpe(texts: list[str], vocab_size: int, context: int,
