@@ -9,7 +9,10 @@ One module per chapter of the book:
 * `kv_cache` (chapter 5): both models' caches, rolled back after rejections
 * `decoder`: the assembled loop, `speculative_generate`, and the baseline
 * `tree` (chapter 8): a tree of drafts verified in one pass, `tree_speculative_generate`
-* `models`: `load_pair("tiny" | "gpt2" | "qwen2.5")`, the embedded tiny pair and real ones
+* `vocab`, `cross_drafting` (chapter 9): a draft with a tokenizer of its own, through
+  text (`TextDrafter`) or the tokens both vocabularies share (`SharedVocabDrafter`)
+* `models`: `load_pair("tiny" | "gpt2" | "qwen2.5" | "tiny-cross" | "pythia-gpt2")`, the
+  embedded tiny pairs and real ones
 """
 
 import os
