@@ -34,7 +34,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 from ..fast.lean import LeanForward, lean_pass_seconds, lean_unsupported
 from ..kv_cache import CachedForward, LogitsSource
 from ..measure import measure_pass_latency
-from ..models import load_pair
+from ..models import PAIRS, load_pair
 from ..timing import Timing, synchronize
 from ..validation import check_integer, context_length, vocab_size
 
@@ -143,6 +143,9 @@ def load_bench_pair(name: str = "tiny", *, device: str | torch.device = "cpu", d
     """
     if name == "random":
         return random_pair(shape, device=device, dtype=dtype)
+    if name in PAIRS and PAIRS[name].cross:
+        raise ValueError(f"pair {name!r} has a draft with a tokenizer of its own; these arms need one shared "
+                         "tokenizer: benchmark it with python -m specdec_ref.bench.vocab")
     loaded = load_pair(name, device=device, dtype=dtype)
     draft, target, tokenizer = loaded.draft_model, loaded.target_model, loaded.tokenizer
     sizes = f"{_count(target) / 1e6:.1f}M and {_count(draft) / 1e6:.1f}M parameters"
