@@ -97,9 +97,11 @@ nbval: setup
 
 # The notebooks again with the tiny pair in bfloat16, as a half-precision GPU pair runs
 # them on Colab: outputs differ, so only errors and the notebooks' own asserts count.
+# Each kernel runs one torch thread, so two notebooks run side by side (one per
+# pytest-xdist worker; --dist loadfile keeps a notebook's cells in one kernel, in order).
 nbval-half: setup
 	SPECDEC_DTYPE=bfloat16 OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -p no:cacheprovider --durations=8 --nbval-lax --nbval-current-env \
-		notebooks/
+		$(PYTEST_WORKERS) --dist loadfile notebooks/
 
 # The notebooks as a Colab learner runs them: a kernel whose environment holds only what
 # Colab preinstalls and the package as the set-up cell installs it (no book or dev
