@@ -8,7 +8,7 @@ import pytest
 
 from specdec_ref.analysis import expected_tokens
 from specdec_ref.bench.vocab import ARMS, CROSS_ARMS, VocabBenchConfig, build, run_benchmark
-from specdec_ref.vocab_audit import VocabAuditConfig, run_audit
+from specdec_ref.bench.vocab_audit import VocabAuditConfig, run_audit
 
 CONFIG = VocabBenchConfig(num_prompts=1, repeats=1, max_new_tokens=10, cost_repeats=2)
 

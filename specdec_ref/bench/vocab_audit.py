@@ -19,7 +19,7 @@ A crash is a verdict: it is recorded with its message, never hidden.
 `transformers` draws from torch's global generator, so each of its calls reseeds it
 from the audit's generator; its assistant drafts a constant K (as `laws.transformers_assisted`).
 
-Usage: python -m specdec_ref.vocab_audit [--out specdec_ref/data/ch9-audit.json] [--num-runs 64]
+Usage: python -m specdec_ref.bench.vocab_audit [--out specdec_ref/data/ch9-audit.json] [--num-runs 64]
 """
 
 from __future__ import annotations
@@ -35,16 +35,16 @@ from pathlib import Path
 import torch
 import transformers
 
-from .audit_tokens import audit_every_token
-from .cross_drafting import SharedVocabDrafter, TextDrafter
-from .decoder import speculative_generate
-from .laws import GenerateFn, generate_reference
-from .models import CrossPair, load_pair
-from .reports import REPORTS_DIR
-from .sampling import SamplingConfig
-from .timing import cpu_name
-from .training.corpus import held_out_prompts
-from .vocab import shared_vocabulary
+from ..audit_tokens import audit_every_token
+from ..cross_drafting import SharedVocabDrafter, TextDrafter
+from ..decoder import speculative_generate
+from ..laws import GenerateFn, generate_reference
+from ..models import CrossPair, load_pair
+from ..reports import REPORTS_DIR
+from ..sampling import SamplingConfig
+from ..timing import cpu_name
+from ..training.corpus import held_out_prompts
+from ..vocab import shared_vocabulary
 
 SAMPLED = SamplingConfig(temperature=1.0)  # top-k and top-p off
 GREEDY = SamplingConfig(temperature=0.0)
@@ -207,7 +207,7 @@ def run_audit(config: VocabAuditConfig = VocabAuditConfig()) -> dict:
                    prompts, config),
     ]
     return {
-        "written_by": "python -m specdec_ref.vocab_audit",
+        "written_by": "python -m specdec_ref.bench.vocab_audit",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version()},
         "machine": cpu_name(), "threads": torch.get_num_threads(), "config": asdict(config),
@@ -227,7 +227,8 @@ def run_audit(config: VocabAuditConfig = VocabAuditConfig()) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the audits and write the report (verdicts are data: a failing audit does not fail the script)."""
-    parser = argparse.ArgumentParser(prog="python -m specdec_ref.vocab_audit", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m specdec_ref.bench.vocab_audit",
+                                     description=__doc__.split("\n")[0])
     defaults = VocabAuditConfig()
     for name in ("num_runs", "max_new_tokens", "num_draft_tokens", "greedy_prompts", "greedy_new_tokens",
                  "prompt_tokens", "seed"):
