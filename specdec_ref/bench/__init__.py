@@ -6,6 +6,9 @@
 * `run`: build the run, time the arms in a round-robin schedule, report
   (`summary.make_report`) and print its table;
 * `methods`: the article's timing protocol next to a fair one, for one comparison.
+* `vocab`: drafting with a draft that has its own tokenizer (chapter 9), timed on the tiny
+  target: `python -m specdec_ref.bench.vocab`; `vocab_audit` audits it (ours and transformers'):
+  `python -m specdec_ref.bench.vocab_audit`.
 
 The chapters read the report (`bench.report.predicted_vs_measured`); besides the demo
 (`python -m specdec_ref`), only the performance chapter imports this subpackage.
