@@ -102,7 +102,9 @@ PROMPTS = [
 def test_greedy_across_tokenizers_equals_the_targets_greedy_output(cross, drafter_class, prompt):
     """Token for token equal to the target's own greedy decoding (and to `generate`)."""
     tokenizer = cross.tokenizer
-    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    # The special tokens' strings stay text (split_special_tokens): no EOS inside the prompt.
+    ids = tokenizer(prompt, return_tensors="pt", split_special_tokens=True).input_ids
+    assert tokenizer.eos_token_id not in ids[0].tolist()
     eos = tokenizer.eos_token_id
     reference = autoregressive_generate(cross.target_model, ids, max_new_tokens=40, sampling=GREEDY,
                                         eos_token_id=eos).sequences
