@@ -129,7 +129,6 @@ class SharedProposal:
         shared = shared_vocabulary(bridge.target, bridge.draft)
         self.draft_ids = torch.cat([shared.draft_ids, torch.tensor([bridge.draft_eos])])  # (S + 1,)
         self.target_ids = torch.cat([shared.target_ids, torch.tensor([bridge.target_eos])])  # (S + 1,)
-        self.share_of_target = shared.share_of_target
         self.sampling = sampling
         self.to_draft = {int(t): int(d) for d, t in zip(self.draft_ids, self.target_ids, strict=True)}
 

@@ -21,6 +21,7 @@ of text passes from one model to the other only by role (`eos_token`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import cache
 
@@ -66,8 +67,6 @@ def _byte_of_char() -> dict[str, int]:
 
 def _decoder_kinds(tokenizer: PreTrainedTokenizerBase) -> set[str]:
     """The types of the backend's decoder steps, e.g. {"ByteLevel"} or {"Replace", "ByteFallback"}."""
-    import json
-
     decoder = json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder") or {}
     steps = decoder.get("decoders", [decoder])
     return {step.get("type", "") for step in steps if step}
@@ -116,9 +115,6 @@ class SharedVocabulary:
     def share_of_target(self) -> float:
         """The fraction of the target's ids the draft can propose."""
         return self.target_ids.numel() / self.target_size
-
-    def to(self, device: torch.device | str) -> SharedVocabulary:
-        return SharedVocabulary(self.draft_ids.to(device), self.target_ids.to(device), self.target_size)
 
 
 def shared_vocabulary(target_tokenizer: PreTrainedTokenizerBase,
