@@ -7,6 +7,7 @@ TORCH_INDEX ?=
 PIP_TORCH_FLAGS := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 # pytest-xdist workers for the unit tests (each test uses one torch thread).
 PYTEST_WORKERS ?= -n 2
+COLAB_VENV ?= .venv-colab
 
 # $(call timed,name,command): run a command, print its wall time in seconds and add it
 # to $(TIMES), which `make test` prints as one table at its end.
@@ -18,7 +19,7 @@ timed = start=$$(date +%s); $(2); status=$$?; took=$$(( $$(date +%s) - start ));
 
 # A preinstalled torch (Colab, a CUDA machine) is kept: the venv then sees the system
 # site-packages. Otherwise the CPU build pinned in constraints/cpu.txt is installed.
-setup: $(VENV)/.installed chromium
+setup: $(VENV)/.installed $(COLAB_VENV)/.installed chromium
 
 $(VENV)/.installed: pyproject.toml constraints/cpu.txt constraints/dev.txt
 	@if $(PY) -c "import torch" 2>/dev/null; then \
@@ -28,6 +29,21 @@ $(VENV)/.installed: pyproject.toml constraints/cpu.txt constraints/dev.txt
 		$(BIN)/pip install -q $(PIP_TORCH_FLAGS) -r constraints/cpu.txt; \
 	fi
 	$(BIN)/pip install -q -e ".[dev,book]" -c constraints/cpu.txt
+	@touch $@
+
+# The Colab-like environment of the notebooks' Colab pass (make nbval-colab): only what
+# Colab preinstalls (constraints/colab.txt) and the package, no book or dev extra.
+$(COLAB_VENV)/.installed: pyproject.toml constraints/colab.txt constraints/cpu.txt
+	rm -rf $(COLAB_VENV)
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+		$(PY) -m venv --system-site-packages $(COLAB_VENV); \
+	else \
+		$(PY) -m venv $(COLAB_VENV) && $(COLAB_VENV)/bin/pip install -q --upgrade pip; \
+	fi
+	$(COLAB_VENV)/bin/pip install -q -r constraints/colab.txt -c constraints/cpu.txt
+	$(COLAB_VENV)/bin/pip install -q . -c constraints/cpu.txt
+	$(COLAB_VENV)/bin/python -m ipykernel install --sys-prefix --name specdec-colab \
+		--display-name "Python (Colab-like)" >/dev/null
 	@touch $@
 
 demo: setup
@@ -56,21 +72,22 @@ check: setup
 	@start=$$(date +%s); $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_WORKERS) -m "not slow"; \
 		status=$$?; echo "make check: $$(( $$(date +%s) - start )) s of unit tests"; exit $$status
 
-# Lint, unit tests, notebook outputs against a fresh run (at another thread count than
-# the one that wrote them), the notebooks' asserts in bfloat16 and as a Colab learner runs
-# them (the article's pair, stood in twice: make nbval-colab), the book with warnings as
-# errors, and every built page in a real browser. Each step prints its wall time.
+# Lint, unit tests, then every notebook in its three passes (scripts/notebook_passes.py:
+# outputs against a fresh run at another thread count than the one that wrote them, the
+# asserts in bfloat16, and twice as a Colab learner runs them with the article's pair
+# stood in), two notebooks at a time; the book with warnings as errors, and every built
+# page in a real browser. It ends with one table of its steps' wall times.
 test: setup static
 	@rm -f $(TIMES)
 	@$(call timed,ruff,$(BIN)/ruff check specdec_ref tests scripts book/_ext)
 	@$(call timed,pytest,$(BIN)/python -m pytest -q --durations=12 $(PYTEST_WORKERS))
-	@$(call timed,nbval,$(MAKE) --no-print-directory nbval)
-	@$(call timed,nbval-half,$(MAKE) --no-print-directory nbval-half)
-	@$(call timed,nbval-colab,$(MAKE) --no-print-directory nbval-colab)
+	@$(call timed,notebooks,$(BIN)/python scripts/notebook_passes.py --colab-venv $(COLAB_VENV) --times $(TIMES))
 	@$(call timed,book,$(MAKE) --no-print-directory book-build)
 	@$(call timed,browser,$(BIN)/python scripts/browser_check.py)
-	@echo "make test, wall time per step:"; \
-	awk '{printf "  %-12s %5d s\n", $$1, $$2; total += $$2} END {printf "  %-12s %5d s\n", "total", total}' $(TIMES)
+	@echo "make test, wall time per step (a pass's line: its notebooks' seconds, run two at a time):"; \
+	awk '$$3 == "" {printf "  %-16s %5d s\n", $$1, $$2; total += $$2} \
+		$$3 != "" {printf "    %-14s %5d s of notebooks\n", $$1, $$2} \
+		END {printf "  %-16s %5d s\n", "total", total}' $(TIMES)
 
 # The book: MathJax and the widget manager are copied into it (offline reading). The
 # old pages go first, so that no page of a removed chapter lingers in _build/html.
@@ -86,47 +103,25 @@ book-build:
 static:
 	@$(PY) scripts/fetch_static_assets.py
 
-# Every notebook re-run top to bottom; each stored output must match (tag
-# nbval-ignore-output on cells whose output legitimately varies, such as timings). The
-# outputs were written with one torch thread (`make execute`); this run uses two, which
-# changes the order of float reductions the way another CPU does, so an output that
-# depends on the last bits fails here, not on a reader's machine.
+# One pass of the notebooks alone (scripts/notebook_passes.py says what each checks).
+# nbval: every stored output against a fresh float32 run at two torch threads (tag
+# nbval-ignore-output on cells whose output legitimately varies, such as timings).
 nbval: setup
-	SPECDEC_THREADS=2 OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -p no:cacheprovider --durations=8 --nbval --nbval-current-env \
-		--nbval-sanitize-with tests/nbval_sanitize.cfg notebooks/
+	$(BIN)/python scripts/notebook_passes.py --passes nbval
 
-# The notebooks again with the tiny pair in bfloat16, as a half-precision GPU pair runs
-# them on Colab: outputs differ, so only errors and the notebooks' own asserts count.
-# Each kernel runs one torch thread, so two notebooks run side by side (one per
-# pytest-xdist worker; --dist loadfile keeps a notebook's cells in one kernel, in order).
+# nbval-half: the tiny pair in bfloat16; only errors and the notebooks' asserts count.
 nbval-half: setup
-	SPECDEC_DTYPE=bfloat16 OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -p no:cacheprovider --durations=8 --nbval-lax --nbval-current-env \
-		$(PYTEST_WORKERS) --dist loadfile notebooks/
+	$(BIN)/python scripts/notebook_passes.py --passes half
 
-# The notebooks as a Colab learner runs them: a kernel whose environment holds only what
-# Colab preinstalls and the package as the set-up cell installs it (no book or dev
-# extra), with the article's pair (SPECDEC_PAIR=gpt2) from two stand-in hub caches, offline:
-# small random GPT-2-family models under the names "gpt2" and "gpt2-xl" with GPT-2's real
-# tokenizer, one pair that disagrees (alpha near 0) and one that agrees (alpha near 1).
-# Only errors and the notebooks' own asserts count (scripts/nbval_colab.sh). Skipped,
-# with a note, where the tokenizer files cannot be fetched (no npm).
-COLAB_VENV ?= .venv-colab
-
-$(COLAB_VENV)/.installed: pyproject.toml constraints/colab.txt constraints/cpu.txt
-	rm -rf $(COLAB_VENV)
-	@if $(PY) -c "import torch" 2>/dev/null; then \
-		$(PY) -m venv --system-site-packages $(COLAB_VENV); \
-	else \
-		$(PY) -m venv $(COLAB_VENV) && $(COLAB_VENV)/bin/pip install -q --upgrade pip; \
-	fi
-	$(COLAB_VENV)/bin/pip install -q -r constraints/colab.txt -c constraints/cpu.txt
-	$(COLAB_VENV)/bin/pip install -q . -c constraints/cpu.txt
-	$(COLAB_VENV)/bin/python -m ipykernel install --sys-prefix --name specdec-colab \
-		--display-name "Python (Colab-like)" >/dev/null
-	@touch $@
-
-nbval-colab: setup $(COLAB_VENV)/.installed
-	scripts/nbval_colab.sh $(COLAB_VENV)
+# nbval-colab: as a Colab learner runs them. The kernel's environment (COLAB_VENV, built
+# by `make setup`) holds only what Colab preinstalls and the package as the set-up cell
+# installs it (no book or dev extra); the article's pair (SPECDEC_PAIR=gpt2) comes from
+# two stand-in hub caches, offline: small random GPT-2-family models under the names
+# "gpt2" and "gpt2-xl" with GPT-2's real tokenizer, one pair that disagrees (alpha near
+# 0) and one that agrees (alpha near 1). Skipped, with a note, where the tokenizer files
+# cannot be fetched (no npm).
+nbval-colab: setup
+	$(BIN)/python scripts/notebook_passes.py --passes colab --colab-venv $(COLAB_VENV)
 
 # The unit tests against the oldest releases pyproject.toml allows (transformers 4.56):
 # A second virtual environment, built from the pins in constraints/floor.txt (the
