@@ -161,18 +161,32 @@ def check_pass(sequence: torch.Tensor, seen: int, num_positions: int, max_length
 
 def rotary_rows(model: PreTrainedModel, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos / sin rows (P, d) of every position of a Llama-style model, from its own rotary
-    module (so its rope scaling is honoured), computed once for `static.StaticForward`."""
+    module (so its rope scaling is honoured), computed once for `static.StaticForward`;
+    the sin rows' first half is negated, as `rotate` takes them."""
     weight = model.model.embed_tokens.weight
     with torch.no_grad():
         ids = torch.arange(num_positions, device=weight.device)[None]  # (1, P)
         cos, sin = model.model.rotary_emb(weight[:1][None], ids)  # (1, P, d) each
-    return cos[0], sin[0]  # (P, d)
+    half = sin.size(-1) // 2
+    return cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)  # (P, d)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding of x (heads, m, d) with cos / sin rows (m, d)."""
-    half = x.size(-1) // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of x (heads, m, d) with cos / sin rows (m, d), the sin
+    rows' first half negated: x * cos + [-x2, x1] * sin, with the sign moved into sin."""
+    return x * cos + x.roll(x.size(-1) // 2, dims=-1) * signed_sin
+
+
+def _rms_norm(norm: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A Llama-style RMSNorm module as a function, computed as `transformers` does: in
+    float32, scaled in the input dtype."""
+    weight, eps = norm.weight, norm.variance_epsilon
+
+    def apply(x: torch.Tensor) -> torch.Tensor:
+        variance = x.float().pow(2).mean(-1, keepdim=True)  # (m, 1)
+        return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
+
+    return apply
 
 
 def _llama_blocks(model: PreTrainedModel, num_positions: int) -> ModelBlocks:
@@ -181,17 +195,18 @@ def _llama_blocks(model: PreTrainedModel, num_positions: int) -> ModelBlocks:
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    cos, sin = rotary_rows(model, num_positions)  # (P, d) each
+    cos, sin = rotary_rows(model, num_positions)  # (P, d) each, sin signed for `rotate`
 
-    embed_tokens, norm, lm_head = body.embed_tokens.forward, body.norm.forward, model.get_output_embeddings().forward
+    # Weights and the linear layers' own `forward` methods, looked up once: a pass makes
+    # no module calls.
+    table, norm, lm_head = body.embed_tokens.weight, _rms_norm(body.norm), model.get_output_embeddings().forward
 
     def embed(ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return embed_tokens(ids)  # (m, D); positions enter through the rotary rows
+        return table[ids]  # (m, D); positions enter through the rotary rows
 
     def block_of(layer: torch.nn.Module) -> Block:
-        # The modules' own `forward` methods, looked up once: a pass makes no module calls.
         attention, mlp = layer.self_attn, layer.mlp
-        norm1, norm2 = layer.input_layernorm.forward, layer.post_attention_layernorm.forward
+        norm1, norm2 = _rms_norm(layer.input_layernorm), _rms_norm(layer.post_attention_layernorm)
         q_proj, k_proj, v_proj, o_proj = (attention.q_proj.forward, attention.k_proj.forward,
                                           attention.v_proj.forward, attention.o_proj.forward)
         gate, up, down, act = mlp.gate_proj.forward, mlp.up_proj.forward, mlp.down_proj.forward, mlp.act_fn.forward
