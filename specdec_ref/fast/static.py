@@ -127,10 +127,7 @@ class StaticForward:
         seen = self.length
         end = check_pass(sequence, seen, num_positions, self.max_length, type(self).__name__)
         m = end - seen
-        if self._weights_fingerprint() != self._fingerprint:
-            name = type(self).__name__
-            raise RuntimeError(f"the model's weights moved or changed dtype since this {name} was built "
-                               f"(its cache and captured graphs use the old ones); build a new {name}")
+        self._check_weights()
         ids = sequence[0, seen:end]  # (m,)
         # Decoding passes replay a graph; the prompt (the first pass) runs eagerly.
         if self.cuda_graphs and seen > 0 and m <= self.max_graph_tokens:
@@ -164,6 +161,7 @@ class StaticForward:
         end = seen + ids.size(0)
         if end > self.max_length:
             raise ValueError(f"the cache would hold {end} entries, more than max_length={self.max_length}")
+        self._check_weights()
         return self._run(ids, positions, slice(seen, end), end, mask, num_positions)
 
     def keep(self, slots: list[int]) -> None:
@@ -231,6 +229,13 @@ class StaticForward:
 
     def _weights_fingerprint(self) -> list[tuple]:
         return [(t.data_ptr(), t.dtype, t.device) for t in self._watched]
+
+    def _check_weights(self) -> None:
+        """Raise a RuntimeError if the weights moved since the cache (and graphs) were built."""
+        if self._weights_fingerprint() != self._fingerprint:
+            name = type(self).__name__
+            raise RuntimeError(f"the model's weights moved or changed dtype since this {name} was built "
+                               f"(its cache and captured graphs use the old ones); build a new {name}")
 
 
 class _GraphedPass:
