@@ -45,9 +45,8 @@ from .decoder import (
     IterationRecord,
     close_block,
 )
-from .fast.lean import LeanForward
 from .sampling import SamplingConfig, logits_to_probs
-from .tree_forward import DraftTree, TreeForward, TreeSource, tree_attention, tree_source
+from .tree_forward import DraftTree, TreeForward, TreeLogitsSource, TreeSource, tree_attention, tree_source
 from .tree_verify import draw_children, verify_tree
 from .validation import as_integer, check_capacity, check_generation_args, eos_set
 
@@ -250,7 +249,7 @@ def check_widths(widths: object) -> tuple[int, ...] | ConfidentShape:
 @torch.no_grad()
 def tree_speculative_generate(
     target_model: PreTrainedModel,
-    draft_model: PreTrainedModel | LeanForward,
+    draft_model: PreTrainedModel | TreeLogitsSource,
     input_ids: torch.Tensor,
     *,
     max_new_tokens: int,
@@ -264,7 +263,8 @@ def tree_speculative_generate(
     Args:
         target_model: the large model whose distribution the output follows.
         draft_model: the small model (same vocabulary and device), or a
-            `fast.lean.LeanForward` over it (as `fast.prepare` makes).
+            `fast.lean.LeanForward` (as `fast.prepare` makes on a CPU) or a
+            `fast.StaticForward` over it: a `tree_forward.TreeLogitsSource`.
         input_ids: the prompt, shape (1, n) with n >= 1.
         max_new_tokens: exactly this many tokens unless an EOS comes first.
         widths: children per node at each level, e.g. (3, 2, 1): 3 + 6 + 6
@@ -285,17 +285,17 @@ def tree_speculative_generate(
             cache cannot hold the prompt and `max_new_tokens`.
     """
     widths = check_widths(widths)
-    if not isinstance(draft_model, (PreTrainedModel, LeanForward)):
+    if not isinstance(draft_model, (PreTrainedModel, TreeLogitsSource)):
         raise TypeError("draft_model must be a transformers PreTrainedModel or a "
-                        f"fast.lean.LeanForward, got {type(draft_model).__name__}")
-    draft_weights = draft_model.model if isinstance(draft_model, LeanForward) \
+                        f"fast.lean.LeanForward or fast.StaticForward, got {type(draft_model).__name__}")
+    draft_weights = draft_model.model if isinstance(draft_model, TreeLogitsSource) \
         else draft_model
     models = {"target_model": target_model, "draft_model": draft_weights}
     check_generation_args(models, input_ids, max_new_tokens, sampling,
                           generator)
     target = tree_source(target_model, "target_model")
     draft = tree_source(draft_model, "draft_model")
-    # A LeanForward's buffers must hold the whole output, as in the chain.
+    # A TreeLogitsSource's buffers must hold the whole output, as in the chain.
     check_capacity("draft_model", draft.capacity,
                    input_ids.size(1) + max_new_tokens)
     eos = eos_set(eos_token_id)

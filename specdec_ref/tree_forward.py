@@ -13,8 +13,10 @@ position id n - 1 + depth(j).
 
 Two sources answer the same calls (`forward`, `keep`): `TreeForward`, any
 `transformers` model and its `DynamicCache` (the teaching path), and
-`LeanTreeForward`, a Llama-style draft through `fast.lean.LeanForward`'s
-preallocated buffers (the fast path). `tree_source` picks the one that fits.
+`LeanTreeForward`, a `TreeLogitsSource`: a logits source over preallocated
+buffers that runs a tree pass and compacts in place (the fast path, chapter 6's
+`fast.LeanForward` on a CPU or `fast.StaticForward` on a GPU; this module does
+not import them). `tree_source` picks the one that fits.
 
 A tree pass is exact only on a model whose attention depends on the position ids
 and the mask alone. ALiBi models (MPT, Bloom, Falcon with `alibi=True`) bias each
@@ -27,13 +29,14 @@ token against `generate` (`tests/test_tree_families.py`) are `TREE_MODEL_TYPES`;
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-from .fast.lean import LeanForward
 from .kv_cache import forward_keywords, uses_sliding_window
+from .validation import model_device
 
 # Model types whose tree decoding is verified token for token against `generate`
 # (greedy, float32, random-init models: tests/test_tree_families.py).
@@ -231,15 +234,42 @@ class TreeForward(TreeSource):
             layer.values = layer.values.index_select(-2, index)
 
 
-class LeanTreeForward(TreeSource):
-    """A Llama-style model through `LeanForward`: the same tree pass with no
-    framework overhead, and compaction inside its preallocated buffers."""
+@runtime_checkable
+class TreeLogitsSource(Protocol):
+    """A model's cached pass over its own buffers that a tree can grow in
+    (`fast.LeanForward`, `fast.StaticForward`): new tokens take the slots after
+    the cached ones, at the position ids given, under the mask given."""
 
-    def __init__(self, lean: LeanForward) -> None:
+    model: PreTrainedModel  # the weights it runs
+    max_length: int  # its buffers' columns
+    length: int  # cache entries held
+    forward_calls: int  # passes so far
+
+    def tree_logits(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
+                    num_positions: int) -> torch.Tensor:
+        """Logits (num_positions, V) of the last rows of ids (m,) at positions (m,),
+        mask (m, length + m) True where a row may attend (None: every key)."""
+        ...
+
+    def keep(self, slots: list[int]) -> None:
+        """Keep only these cache entries (ascending), moved to the first slots."""
+        ...
+
+    def rollback(self, length: int) -> None:
+        """Forget every cache entry after the first `length`."""
+        ...
+
+
+class LeanTreeForward(TreeSource):
+    """A `TreeLogitsSource`: the same tree pass with no framework overhead, and
+    compaction inside its preallocated buffers."""
+
+    def __init__(self, lean: TreeLogitsSource) -> None:
         self.lean = lean
         self.lean.rollback(0)  # a fresh sequence
         self.forward_calls = 0
         self.capacity = lean.max_length  # its buffers' columns
+        self._device = model_device(lean.model)
 
     @property
     def cached_length(self) -> int:
@@ -247,7 +277,7 @@ class LeanTreeForward(TreeSource):
 
     def _pass(self, ids: list[int], positions: list[int],
               allowed: torch.Tensor, count: int) -> torch.Tensor:
-        device = self.lean.embed.device
+        device = self._device
         # No mask only where every row sees every key: a one-node level
         # below a wider one must still not see its parent's siblings.
         mask = None if bool(allowed.all()) else allowed.to(device)
@@ -259,16 +289,17 @@ class LeanTreeForward(TreeSource):
         self.lean.keep(slots)
 
 
-def tree_source(model: PreTrainedModel | LeanForward, name: str = "model") -> TreeSource:
-    """The tree source for a model: `LeanTreeForward` for a `LeanForward`
-    (as `fast.prepare` makes for a draft), else `TreeForward`.
+def tree_source(model: PreTrainedModel | TreeLogitsSource, name: str = "model") -> TreeSource:
+    """The tree source for a model: `LeanTreeForward` for a `TreeLogitsSource`
+    (a `fast.LeanForward`, as `fast.prepare` makes for a draft on a CPU, or a
+    `fast.StaticForward`), else `TreeForward`.
 
     Raises:
         TypeError: for anything else; ValueError: naming `name`, for a model
             whose tree passes are not exact (`tree_unsupported`)."""
-    if isinstance(model, LeanForward):
+    if isinstance(model, TreeLogitsSource):
         return LeanTreeForward(model)
     if isinstance(model, PreTrainedModel):
         return TreeForward(model, name)
     raise TypeError(f"{name} of a tree decoder must be a transformers model or a "
-                    f"fast.lean.LeanForward, got {type(model).__name__}")
+                    f"fast.LeanForward or fast.StaticForward, got {type(model).__name__}")

@@ -72,12 +72,6 @@ def test_chapter_modules_never_import_the_tools():
             assert target.split(".")[1:2] not in [[tool] for tool in TOOLS], f"{name} imports {target}"
 
 
-# The one exception to "chapter modules never import the kernels of `fast`": the tree
-# decoder grows a LeanForward draft's trees through its buffers (fast/__init__.py).
-FAST_IMPORTS_ALLOWED = {"specdec_ref.tree": {"specdec_ref.fast.lean"},
-                        "specdec_ref.tree_forward": {"specdec_ref.fast.lean"}}
-
-
 def fast_imports(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     """Per chapter module (not a tool, not `fast` itself, not the demo), what it imports of `fast`."""
     found = {}
@@ -91,10 +85,11 @@ def fast_imports(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     return found
 
 
-def test_only_the_tree_decoder_imports_fast():
-    """No chapter module imports `fast`, except the tree family's `fast.lean` (fast/__init__.py)."""
+def test_no_chapter_module_imports_fast():
+    """No chapter module imports `fast` (fast/__init__.py); the tree decoder takes its
+    fast sources through `tree_forward.TreeLogitsSource`."""
     found = fast_imports(_graph())
-    assert found == FAST_IMPORTS_ALLOWED, found
+    assert found == {}, found
     # The check can fail: a decoder importing fast.static would be listed.
     assert fast_imports({"specdec_ref.decoder": {"specdec_ref.fast.static"}}) == {
         "specdec_ref.decoder": {"specdec_ref.fast.static"}}

@@ -13,6 +13,7 @@ from specdec_ref.fast.batch_invariant import GROUPED, use_rowwise_attention
 from specdec_ref.fast.lean import LeanForward
 from specdec_ref.fast.packed import pack_linear_layers, packing_unsupported
 from specdec_ref.fast.prepared import prepare
+from specdec_ref.fast.static import StaticForward
 from specdec_ref.kv_cache import forward_keywords
 from specdec_ref.laws import small_random_pair
 from specdec_ref.tree import ConfidentShape, DraftTree, confident_counts, tree_speculative_generate
@@ -113,6 +114,28 @@ def test_lean_tree_caches_stay_exact_and_sample_as_the_model_does():
         logits = source.forward(sequence, DraftTree.rooted(int(sequence[0, -1])), 0, 1)[0]
         assert torch.allclose(logits, draft(sequence).logits[0, -1], atol=1e-5)
         source.keep(list(range(kept)))
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_static_draft_grows_trees_as_the_model_does(family, device):
+    """A StaticForward draft (whole-buffer mask; CUDA graphs on a GPU): the tree decoder emits
+    the model draft's tokens (same seed), and after compaction a chain pass (a graph replay on
+    a GPU) gives a fresh pass's logits (float32, 1e-4)."""
+    target = make_model(family, layers=2, seed=1).to(device)
+    draft = noisy_copy(target, noise=0.3, seed=3)
+    prompt = torch.tensor([[5, 6, 7, 8]], device=device)
+    static = StaticForward(draft, max_length=128, static_shapes=True)
+    out = tree_speculative_generate(target, static, prompt, max_new_tokens=30, widths=(3, 2),
+                                    generator=torch.Generator(device).manual_seed(0))
+    model_out = tree_speculative_generate(target, draft, prompt, max_new_tokens=30, widths=(3, 2),
+                                          generator=torch.Generator(device).manual_seed(0))
+    assert torch.equal(out.sequences, model_out.sequences)
+    assert any(r.path and r.path != list(range(1, len(r.path) + 1)) for r in out.trace)
+    sequence = out.sequences
+    assert static.length < sequence.size(1)
+    for end in range(static.length + 1, sequence.size(1) + 1):  # one token at a time
+        logits = static.last_logits(sequence[:, :end], 1)[0]
+        assert torch.allclose(logits, draft(sequence[:, :end]).logits[0, -1], atol=1e-4), end
 
 
 def test_lean_tree_masks_a_one_node_level():

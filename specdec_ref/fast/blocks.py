@@ -35,8 +35,8 @@ from ..validation import check_sequence
 # attend(q (H, m, d), k (H_kv, m, d), v (H_kv, m, d)) -> (m, H * d): attention of the m
 # new tokens over the cached ones and themselves; the caller owns the cache.
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-# block(x (m, D), positions (m,), attend) -> x (m, D)
-Block = Callable[[torch.Tensor, torch.Tensor, Attend], torch.Tensor]
+# block(x (m, D), positions (m,) or a slice of them, attend) -> x (m, D)
+Block = Callable[[torch.Tensor, torch.Tensor | slice, Attend], torch.Tensor]
 
 FAMILIES = ("gpt2", "llama", "qwen2")
 # Rope types whose cos / sin rows change with the sequence length: a table computed
@@ -76,7 +76,7 @@ def static_unsupported(model: PreTrainedModel) -> str | None:
 
 def length_dependent_rope(model: PreTrainedModel) -> str | None:
     """Why a rotary table computed once is wrong for `model` ("dynamic", "longrope": cos / sin
-    rows that change as the sequence grows), or None. The rule `lean.LeanForward` follows too."""
+    rows that change as the sequence grows), or None. `lean.LeanForward` is this path too."""
     rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
     rope_type = getattr(rotary, "rope_type", "default")
     if any(kind in str(rope_type) for kind in _LENGTH_DEPENDENT_ROPE):
@@ -118,7 +118,7 @@ def _gpt2_blocks(model: PreTrainedModel) -> ModelBlocks:
     def block_of(layer: torch.nn.Module) -> Block:
         attention, mlp = layer.attn, layer.mlp
 
-        def block(x: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
+        def block(x: torch.Tensor, positions: torch.Tensor | slice, attend: Attend) -> torch.Tensor:
             q, k, v = attention.c_attn.forward(layer.ln_1.forward(x)).split(width, dim=-1)  # (m, D) each
             out = attend(_split_heads(q, heads, head_dim), _split_heads(k, heads, head_dim),
                          _split_heads(v, heads, head_dim))  # (m, D)
@@ -139,7 +139,7 @@ def _gpt2_blocks(model: PreTrainedModel) -> ModelBlocks:
 
 def check_pass(sequence: torch.Tensor, seen: int, num_positions: int, max_length: int,
                owner: str) -> int:
-    """The input of a cached pass (`static`, `lean`): a (1, n) sequence whose tokens past
+    """The input of a cached pass (`static.StaticForward`): a (1, n) sequence whose tokens past
     the `seen` cached ones include the last `num_positions` >= 1, with n <= max_length.
 
     Returns:
@@ -161,18 +161,32 @@ def check_pass(sequence: torch.Tensor, seen: int, num_positions: int, max_length
 
 def rotary_rows(model: PreTrainedModel, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos / sin rows (P, d) of every position of a Llama-style model, from its own rotary
-    module (so its rope scaling is honoured), computed once; `static` and `lean` use them."""
+    module (so its rope scaling is honoured), computed once for `static.StaticForward`;
+    the sin rows' first half is negated, as `rotate` takes them."""
     weight = model.model.embed_tokens.weight
     with torch.no_grad():
         ids = torch.arange(num_positions, device=weight.device)[None]  # (1, P)
         cos, sin = model.model.rotary_emb(weight[:1][None], ids)  # (1, P, d) each
-    return cos[0], sin[0]  # (P, d)
+    half = sin.size(-1) // 2
+    return cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)  # (P, d)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding of x (heads, m, d) with cos / sin rows (m, d)."""
-    half = x.size(-1) // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of x (heads, m, d) with cos / sin rows (m, d), the sin
+    rows' first half negated: x * cos + [-x2, x1] * sin, with the sign moved into sin."""
+    return x * cos + x.roll(x.size(-1) // 2, dims=-1) * signed_sin
+
+
+def _rms_norm(norm: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A Llama-style RMSNorm module as a function, computed as `transformers` does: in
+    float32, scaled in the input dtype."""
+    weight, eps = norm.weight, norm.variance_epsilon
+
+    def apply(x: torch.Tensor) -> torch.Tensor:
+        variance = x.float().pow(2).mean(-1, keepdim=True)  # (m, 1)
+        return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
+
+    return apply
 
 
 def _llama_blocks(model: PreTrainedModel, num_positions: int) -> ModelBlocks:
@@ -181,28 +195,36 @@ def _llama_blocks(model: PreTrainedModel, num_positions: int) -> ModelBlocks:
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    cos, sin = rotary_rows(model, num_positions)  # (P, d) each
+    cos, sin = rotary_rows(model, num_positions)  # (P, d) each, sin signed for `rotate`
+
+    # Weights and the linear layers' own `forward` methods, looked up once: a pass makes
+    # no module calls.
+    table, norm, lm_head = body.embed_tokens.weight, _rms_norm(body.norm), model.get_output_embeddings().forward
 
     def embed(ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return body.embed_tokens.forward(ids)  # (m, D); positions enter through the rotary rows
+        return table[ids]  # (m, D); positions enter through the rotary rows
 
     def block_of(layer: torch.nn.Module) -> Block:
         attention, mlp = layer.self_attn, layer.mlp
+        norm1, norm2 = _rms_norm(layer.input_layernorm), _rms_norm(layer.post_attention_layernorm)
+        q_proj, k_proj, v_proj, o_proj = (attention.q_proj.forward, attention.k_proj.forward,
+                                          attention.v_proj.forward, attention.o_proj.forward)
+        gate, up, down, act = mlp.gate_proj.forward, mlp.up_proj.forward, mlp.down_proj.forward, mlp.act_fn.forward
 
-        def block(x: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
-            h = layer.input_layernorm.forward(x)  # (m, D)
+        def block(x: torch.Tensor, positions: torch.Tensor | slice, attend: Attend) -> torch.Tensor:
+            h = norm1(x)  # (m, D)
             cos_rows, sin_rows = cos[positions], sin[positions]  # (m, d)
-            q = rotate(_split_heads(attention.q_proj.forward(h), heads, head_dim), cos_rows, sin_rows)
-            k = rotate(_split_heads(attention.k_proj.forward(h), kv_heads, head_dim), cos_rows, sin_rows)
-            v = _split_heads(attention.v_proj.forward(h), kv_heads, head_dim)
-            x = x + attention.o_proj.forward(attend(q, k, v))
-            h = layer.post_attention_layernorm.forward(x)
-            return x + mlp.down_proj.forward(mlp.act_fn(mlp.gate_proj.forward(h)) * mlp.up_proj.forward(h))
+            q = rotate(_split_heads(q_proj(h), heads, head_dim), cos_rows, sin_rows)
+            k = rotate(_split_heads(k_proj(h), kv_heads, head_dim), cos_rows, sin_rows)
+            v = _split_heads(v_proj(h), kv_heads, head_dim)
+            x = x + o_proj(attend(q, k, v))
+            h = norm2(x)
+            return x + down(act(gate(h)) * up(h))
 
         return block
 
     def head(x: torch.Tensor) -> torch.Tensor:
-        return model.get_output_embeddings().forward(body.norm.forward(x))  # (m, V)
+        return lm_head(norm(x))  # (m, V)
 
     scale = getattr(body.layers[0].self_attn, "scaling", head_dim ** -0.5)
     blocks = [block_of(layer) for layer in body.layers]

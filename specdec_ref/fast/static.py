@@ -33,8 +33,14 @@ if they moved. The cache cannot grow: a sequence longer than `max_length` raises
 
 On a CPU there are no graphs: the same code runs eagerly (`static_shapes=True` still
 reads the whole buffer through the mask, which is what the tests check a graph
-replays), so CI covers its logic. Invariant: its logits equal `CachedForward`'s on
-the same model up to float rounding, across passes and rollbacks (`tests/test_fast.py`).
+replays), so CI covers its logic. With `static_shapes=False` a pass attends over the
+cached length only, with no mask for one token: the least work per call, which is
+`lean.LeanForward`, the CPU draft's pass. Two more calls serve the tree decoder
+(`tree_forward.TreeLogitsSource`): `tree_logits` feeds nodes at their own position
+ids under a given mask (always eagerly), and `keep(slots)` compacts the cache to the
+accepted path, whose slots are its positions again, so captured graphs stay valid.
+Invariant: its logits equal `CachedForward`'s on the same model up to float rounding,
+across passes, rollbacks and compactions (`tests/test_fast.py`, `tests/test_lean.py`).
 """
 
 from __future__ import annotations
@@ -119,46 +125,96 @@ class StaticForward:
         `num_positions` positions (as `CachedForward.last_logits`).
         """
         seen = self.length
-        end = check_pass(sequence, seen, num_positions, self.max_length, "StaticForward")
+        end = check_pass(sequence, seen, num_positions, self.max_length, type(self).__name__)
         m = end - seen
-        if self._weights_fingerprint() != self._fingerprint:
-            raise RuntimeError("the model's weights moved or changed dtype since this StaticForward was built "
-                               "(its cache and captured graphs use the old ones); build a new StaticForward")
-        ids, positions = sequence[0, seen:end], self.arange[seen:end]  # (m,), (m,)
+        self._check_weights()
+        ids = sequence[0, seen:end]  # (m,)
         # Decoding passes replay a graph; the prompt (the first pass) runs eagerly.
         if self.cuda_graphs and seen > 0 and m <= self.max_graph_tokens:
             graph = self.graphs.get(m)
             if graph is None:
                 graph = self.graphs[m] = _GraphedPass(self, m)
-            logits = graph.replay(ids, positions)[-num_positions:].clone()  # (num_positions, V)
-        else:
-            width = self.columns if self.static_shapes else end
-            logits = self.forward(ids, positions, width, keep=num_positions)
-        self.length = end
-        self.forward_calls += 1
-        return logits
+            logits = graph.replay(ids, self.arange[seen:end])[-num_positions:].clone()  # (num_positions, V)
+            self.length = end
+            self.forward_calls += 1
+            return logits
+        # Eagerly over the whole buffer (as a graph) or the cached length only, where
+        # one token sees every key and needs no mask.
+        width = self.columns if self.static_shapes else end
+        mask = None if width == end and m == 1 else self.arange[seen:end, None] >= self.arange[None, :width]
+        return self._run(ids, slice(seen, end), slice(seen, end), width, mask, num_positions)
+
+    @torch.no_grad()
+    def tree_logits(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
+                    num_positions: int) -> torch.Tensor:
+        """Logits of the last `num_positions` of m new tokens fed after the cached ones,
+        each at its own position id, each seeing the keys `mask` allows (a tree of
+        drafts: `tree_forward`). Always eager, over the cached length.
+
+        Args:
+            ids: the new tokens, (m,); they take cache slots length .. length + m - 1.
+            positions: their position ids, (m,).
+            mask: (m, length + m) boolean, True where a row may attend (None: every key).
+            num_positions: rows whose logits are returned (the last ones).
+        """
+        seen = self.length
+        end = seen + ids.size(0)
+        if end > self.max_length:
+            raise ValueError(f"the cache would hold {end} entries, more than max_length={self.max_length}")
+        self._check_weights()
+        return self._run(ids, positions, slice(seen, end), end, mask, num_positions)
+
+    def keep(self, slots: list[int]) -> None:
+        """Keep only these cache entries (ascending), moved to slots 0 .. len(slots) - 1."""
+        slots = [s for s in slots if s < self.length]
+        start = next((i for i, s in enumerate(slots) if s != i), len(slots))  # a kept prefix stays
+        if start < len(slots):
+            index = torch.tensor(slots[start:], device=self.arange.device)
+            for keys, values in zip(self.keys, self.values, strict=True):
+                keys[:, start:len(slots)] = keys.index_select(1, index)  # (H_kv, kept, d)
+                values[:, start:len(slots)] = values.index_select(1, index)
+        self.length = len(slots)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, width: int, keep: int | None = None) -> torch.Tensor:
-        """The pass itself: tokens `ids` (m,) at `positions` (m,), attending to columns [0, width).
+        """The pass a graph captures: tokens `ids` (m,) at `positions` (m,), written at the
+        columns of their positions, attending to columns [0, width) up to their own.
 
-        Writes the tokens' keys and values into the cache and returns the logits of the
-        last `keep` tokens (default all), (keep, V). No Python-side branch depends on a
-        tensor's value, so a graph can capture it.
+        Returns the logits of the last `keep` tokens (default all), (keep, V). No
+        Python-side branch depends on a tensor's value, so a graph can capture it.
         """
-        m = ids.size(0)
-        parts = self.parts
         # Token i (at position t_i) sees every column j <= t_i: its cached prefix and the
         # new tokens before it. Columns past the length hold stale keys and stay unseen.
         mask = positions[:, None] >= self.arange[None, :width]  # (m, width)
-        x = parts.embed(ids, positions)  # (m, D)
+        return self._pass(ids, positions, positions, width, mask, keep)
+
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor | slice, slots: torch.Tensor | slice, width: int,
+             mask: torch.Tensor | None, keep: int) -> torch.Tensor:
+        """An eager pass that moves the length past the new tokens and counts itself."""
+        logits = self._pass(ids, positions, slots, width, mask, keep)
+        self.length += ids.size(0)
+        self.forward_calls += 1
+        return logits
+
+    def _pass(self, ids: torch.Tensor, positions: torch.Tensor | slice, slots: torch.Tensor | slice,
+              width: int, mask: torch.Tensor | None, keep: int | None) -> torch.Tensor:
+        """Tokens `ids` (m,) at `positions` and written at cache `slots` (each (m,) or a
+        slice, the cheaper index), each attending to the columns [0, width) `mask`
+        (m, width) allows (None: all); the logits of the last `keep` (default all), (keep, V)."""
+        m = ids.size(0)
+        parts = self.parts
+        grouped = parts.kv_heads != parts.heads
+        x = parts.embed(ids, self.arange[positions] if isinstance(positions, slice) else positions)  # (m, D)
         for block, keys, values, scale in zip(parts.blocks, self.keys, self.values, parts.scales, strict=True):
 
             def attend(q, k, v, keys=keys, values=values, scale=scale):
-                keys.index_copy_(1, positions, k)  # (H_kv, P, d): the new columns, in place
-                values.index_copy_(1, positions, v)
+                if isinstance(slots, slice):
+                    keys[:, slots], values[:, slots] = k, v  # (H_kv, m, d) in place
+                else:
+                    keys.index_copy_(1, slots, k)  # (H_kv, P, d): the new columns, in place
+                    values.index_copy_(1, slots, v)
                 out = F.scaled_dot_product_attention(
                     q[None], keys[None, :, :width], values[None, :, :width], attn_mask=mask, scale=scale,
-                    enable_gqa=parts.kv_heads != parts.heads)  # (1, H, m, d)
+                    enable_gqa=grouped)  # (1, H, m, d)
                 return out[0].transpose(0, 1).reshape(m, -1)  # (m, H * d)
 
             x = block(x, positions, attend)
@@ -173,6 +229,13 @@ class StaticForward:
 
     def _weights_fingerprint(self) -> list[tuple]:
         return [(t.data_ptr(), t.dtype, t.device) for t in self._watched]
+
+    def _check_weights(self) -> None:
+        """Raise a RuntimeError if the weights moved since the cache (and graphs) were built."""
+        if self._weights_fingerprint() != self._fingerprint:
+            name = type(self).__name__
+            raise RuntimeError(f"the model's weights moved or changed dtype since this {name} was built "
+                               f"(its cache and captured graphs use the old ones); build a new {name}")
 
 
 class _GraphedPass:
