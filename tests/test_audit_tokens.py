@@ -49,6 +49,7 @@ def exact_decoders(target, draft):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["cached", "uncached", "batched row", "prompt lookup", "transformers"])
 def test_every_token_audit_passes_exact_decoders(pair, name):
     """The package's decoders, and transformers' assisted generation, pass at the recommended size."""
@@ -58,6 +59,7 @@ def test_every_token_audit_passes_exact_decoders(pair, name):
     assert result.num_samples == RUNS * TOKENS and result.detectable_tv < 0.11
 
 
+@pytest.mark.slow
 def test_every_token_audit_passes_the_prepared_path(pair):
     """The README snippet's path (`fast.prepare`: bfloat16 where native, packed, grouped
     attention, lean draft) passes against the law of the target it prepared."""
@@ -70,6 +72,7 @@ def test_every_token_audit_passes_the_prepared_path(pair):
     assert result.num_samples == RUNS * TOKENS and result.detectable_tv < 0.11
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", BUGS + ("stale_cache",))
 def test_every_token_audit_flags_the_bugs(pair, bug):
     """A residual drawn from p, p tempered but not q, the bonus from p_{K-1}, a residual drawn in id order with
@@ -90,6 +93,7 @@ def test_every_token_audit_flags_the_bugs(pair, bug):
         assert result.worst == f"offset {K}"  # the bonus slot, found by its own stratum
 
 
+@pytest.mark.slow
 def test_the_id_ranking_sees_an_inverse_cdf_in_id_order(pair):
     """The residual drawn in id order with the uniform that rejected the draft (first-token TV 0.083): ranked
     by p its error scatters and the audit misses it; the default, both rankings, fails it in the id one."""
@@ -104,6 +108,7 @@ def test_the_id_ranking_sees_an_inverse_cdf_in_id_order(pair):
     assert not result.passed and result.worst.endswith("(by id)"), result.summary()
 
 
+@pytest.mark.slow
 def test_the_pass_line_states_a_bound_on_binned_u_not_on_tokens(pair):
     """A PASS states the distance it would catch as a TV of the binned u, in at most 80 characters; the
     default tests both rankings, each at half the level (its stated distance is the probability ranking's)."""
@@ -177,6 +182,7 @@ def test_a_crash_is_a_verdict():
     assert not result.passed and result.summary() == "FAIL: crashed: IndexError: index out of range in self"
 
 
+@pytest.mark.slow
 def test_false_alarms_stay_near_the_level():
     """An exact sampler fails in about `level` of the seeds (30 seeds at level 0.05; the 200-seed run is slow)."""
     model = Bigram(32, seed=2)

@@ -75,6 +75,7 @@ def test_sampling_end_to_end_matches_target_law(sampling, use_cache, path, devic
     assert chi_square_pvalue(law, samples) > 1e-3
 
 
+@pytest.mark.slow
 def test_chi_square_rejects_the_draft_law(device):
     """Power check: sampling the draft alone fails the same end-to-end test."""
     vocab = 5

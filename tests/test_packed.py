@@ -78,6 +78,7 @@ def test_greedy_with_packed_models_is_the_plain_targets_greedy(close_pair, k):
         assert torch.equal(out.sequences, expected)
 
 
+@pytest.mark.slow
 def test_sampling_with_packed_models_matches_the_target_law():
     """The joint law of 3 tokens from packed models equals the plain target's (chi-square)."""
     vocab, sampling = 5, SamplingConfig(1.0)

@@ -226,6 +226,7 @@ def pruned_draft_tree(draft, sequence, widths, sampling, generator=None):
     return kept
 
 
+@pytest.mark.slow
 def test_confident_shape_sampling_matches_target_law():
     """The joint law of the first 3 tokens is the target's (chi-square) with a confidence-shaped tree."""
     vocab = 6
@@ -243,6 +244,7 @@ def test_confident_shape_sampling_matches_target_law():
     assert chi_square_pvalue(law, samples) > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["exact", "pruned"])
 def test_pruning_children_by_their_drawn_confidence_is_biased(monkeypatch, variant):
     """The first token's law under a root with 4 children (chi-square, 1500 runs): the target's,
