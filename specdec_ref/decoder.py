@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 from transformers import PreTrainedModel
 
-from .drafting import Drafter, ModelDrafter, as_drafter, is_drafter
+from .drafting import Drafter, LengthCheckingDrafter, ModelDrafter, as_drafter, is_drafter
 from .kv_cache import LogitsSource, as_target_source
 from .rejection import accept_reject
 from .sampling import SamplingConfig, logits_to_probs, sample
@@ -281,6 +281,8 @@ def speculative_generate(
     for name, source in sources.items():
         check_capacity(name, source.max_length,
                        input_ids.size(1) + max_new_tokens)
+    if isinstance(drafter, LengthCheckingDrafter):  # a draft with its own tokens
+        drafter.check_length(input_ids, max_new_tokens)
     schedule = as_schedule(num_draft_tokens)
     eos = eos_set(eos_token_id)
     target_calls_before = target.forward_calls

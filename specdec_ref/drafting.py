@@ -19,7 +19,7 @@ each iteration. `ModelDrafter` is a draft model behind it; chapter 7's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 from transformers import PreTrainedModel
@@ -110,6 +110,25 @@ class Drafter(Protocol):
         ...
 
 
+@runtime_checkable
+class SamplingDrafter(Protocol):
+    """A drafter whose q depends on the sampling configuration: it takes the
+    decoder's sampling (and generator, where it has none) before each
+    generation, or refuses a mismatch, so that p and q are processed alike."""
+
+    def bind(self, sampling: SamplingConfig,
+             generator: torch.Generator | None) -> Drafter: ...
+
+
+@runtime_checkable
+class LengthCheckingDrafter(Protocol):
+    """A drafter that reads the sequence in tokens of its own, so checks up
+    front that a generation fits its draft model's context."""
+
+    def check_length(self, input_ids: torch.Tensor,
+                     max_new_tokens: int) -> None: ...
+
+
 def is_drafter(obj: object) -> bool:
     """Whether `obj` drafts by itself (has a `draft` method), rather than being a model."""
     return callable(getattr(obj, "draft", None))
@@ -173,9 +192,10 @@ def as_drafter(draft_model: PreTrainedModel | LogitsSource | Drafter,
 
     A model gets a cache of its own, a logits source is used with its cache
     emptied (`fresh_source`); either is wrapped in a `ModelDrafter` with the
-    decoder's sampling and generator. A `ModelDrafter` takes them where it
-    has none (`bind`); any other drafter is checked (`check_drafter`) and
-    used as it is, its cache emptied.
+    decoder's sampling and generator. A drafter with `bind` (a
+    `SamplingDrafter`: `ModelDrafter`, `cross_drafting.SharedVocabDrafter`)
+    takes them where it has none; any other drafter is checked
+    (`check_drafter`) and used as it is, its cache emptied.
 
     Raises:
         TypeError: naming `draft_model`, for anything else.
@@ -183,7 +203,7 @@ def as_drafter(draft_model: PreTrainedModel | LogitsSource | Drafter,
     if is_drafter(draft_model):
         check_drafter(draft_model)
         draft_model.rollback(0)  # it may hold an earlier call's cache
-        if isinstance(draft_model, ModelDrafter):
+        if isinstance(draft_model, SamplingDrafter):
             return draft_model.bind(sampling, generator)
         return draft_model
     if isinstance(draft_model, PreTrainedModel) or is_logits_source(draft_model):

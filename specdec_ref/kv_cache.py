@@ -146,8 +146,16 @@ class CachedForward:
 
         `crop(-k)` removes the last k tokens in every supported transformers
         release (a positive argument raises in recent ones, and crop(0)
-        empties the cache in older ones, hence the guard).
+        empties the cache in older ones, hence the guard). Rolling back to 0
+        starts a new cache: nothing of the old one is needed.
+
+        Raises:
+            ValueError: when a layer cannot give back what must be kept
+                (`can_roll_back` says so beforehand).
         """
+        if length == 0:
+            self.cache = rollback_cache(self.model)
+            return
         excess = self.cached_length - length
         if excess > 0:
             if not getattr(self.cache, "is_croppable", True):
@@ -164,9 +172,7 @@ class CachedForward:
                 # A sliding layer holds its last window plus the keys fed
                 # since the last rollback; keys older than that are gone and
                 # cannot be brought back.
-                if layer.is_initialized and (
-                        layer.keys.shape[-2] - excess
-                        < min(layer.sliding_window - 1, length)):
+                if not self._sliding_layer_keeps(layer, length):
                     raise ValueError(
                         f"cannot roll {type(self.model).__name__}'s cache "
                         f"back from {self.cached_length} to {length} "
@@ -178,9 +184,28 @@ class CachedForward:
         else:
             # Nothing to forget, but sliding layers still hold the keys of the
             # last pass beyond their window: crop(0) trims them (a no-op on
-            # full-attention layers).
+            # full-attention layers; a layer not yet fed holds nothing).
             for layer in sliding_layers(self.cache):
-                layer.crop(0)
+                if layer.is_initialized:
+                    layer.crop(0)
+
+    def can_roll_back(self, length: int) -> bool:
+        """Whether `rollback(length)` would succeed: always, but for a sliding
+        layer asked for keys it dropped, or a cache that cannot be cut."""
+        if length == 0 or self.cached_length <= length:
+            return True
+        if not getattr(self.cache, "is_croppable", True):
+            return False
+        return all(self._sliding_layer_keeps(layer, length)
+                   for layer in sliding_layers(self.cache))
+
+    def _sliding_layer_keeps(self, layer, length: int) -> bool:
+        """Whether a sliding layer still holds the keys a rollback to
+        `length` tokens needs (the last window - 1 of them)."""
+        excess = self.cached_length - length
+        return not layer.is_initialized or (
+            layer.keys.shape[-2] - excess
+            >= min(layer.sliding_window - 1, length))
 
 
 def sliding_layers(cache: DynamicCache) -> list:

@@ -22,6 +22,7 @@ of text passes from one model to the other only by role (`eos_token`).
 from __future__ import annotations
 
 import json
+import weakref
 from dataclasses import dataclass
 from functools import cache
 
@@ -72,14 +73,37 @@ def _decoder_kinds(tokenizer: PreTrainedTokenizerBase) -> set[str]:
     return {step.get("type", "") for step in steps if step}
 
 
+# What depends on one tokenizer or one pair alone, computed once per tokenizer object
+# (a drafter is built many times over the same two): tokenizer -> (fingerprint, value).
+_SPELLINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_SHARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _fingerprint(tokenizer: PreTrainedTokenizerBase) -> tuple:
+    """What changes when a tokenizer is edited in place: its backend, size, special ids."""
+    return id(tokenizer.backend_tokenizer), len(tokenizer), tuple(tokenizer.all_special_ids)
+
+
 def token_spellings(tokenizer: PreTrainedTokenizerBase, name: str = "tokenizer") -> list[bytes | None]:
     """The bytes each id spells, indexed by id; None for special and unused ids.
+
+    Computed once per tokenizer (a fresh list is returned each call).
 
     Raises:
         ValueError: naming `name`, for a decoder that is neither byte-level nor
             SentencePiece-style (its pieces' bytes cannot be read off).
     """
     check_tokenizer(tokenizer, name)
+    fingerprint = _fingerprint(tokenizer)
+    known = _SPELLINGS.get(tokenizer)
+    if known is None or known[0] != fingerprint:
+        known = (fingerprint, tuple(_read_spellings(tokenizer, name)))
+        _SPELLINGS[tokenizer] = known
+    return list(known[1])
+
+
+def _read_spellings(tokenizer: PreTrainedTokenizerBase, name: str) -> list[bytes | None]:
+    """`token_spellings`, computed."""
     kinds = _decoder_kinds(tokenizer)
     byte_level = "ByteLevel" in kinds
     if not byte_level and not kinds & {"Replace", "Metaspace", "ByteFallback"}:
@@ -96,7 +120,7 @@ def token_spellings(tokenizer: PreTrainedTokenizerBase, name: str = "tokenizer")
         if byte_level:
             if all(c in byte_of for c in piece):
                 spellings[i] = bytes(byte_of[c] for c in piece)
-        elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        elif _is_byte_token(piece):
             spellings[i] = bytes([int(piece[3:5], 16)])  # a byte-fallback token
         else:
             spellings[i] = piece.replace("▁", " ").encode()
@@ -120,20 +144,61 @@ class SharedVocabulary:
 def shared_vocabulary(target_tokenizer: PreTrainedTokenizerBase,
                       draft_tokenizer: PreTrainedTokenizerBase) -> SharedVocabulary:
     """Match the two vocabularies by the bytes each token spells (the token-level
-    intersection of Timor et al., 2025).
+    intersection of Timor et al., 2025), one id per spelling on each side.
+
+    Where several ids of one tokenizer spell the same bytes (a byte-fallback
+    "<0x21>" beside "!"), the one kept is the id that tokenizer writes for them
+    (`canonical_ids`). Computed once per pair of tokenizers.
 
     Raises:
         ValueError: naming `draft_tokenizer`, when no token spells the same bytes in both.
     """
     target = token_spellings(target_tokenizer, "target_tokenizer")
     draft = token_spellings(draft_tokenizer, "draft_tokenizer")
-    target_id = {spelling: i for i, spelling in enumerate(target) if spelling is not None}
-    pairs = [(i, target_id[s]) for i, s in enumerate(draft) if s is not None and s in target_id]
+    fingerprint = (_fingerprint(target_tokenizer), _fingerprint(draft_tokenizer))
+    by_draft = _SHARED.setdefault(target_tokenizer, weakref.WeakKeyDictionary())
+    known = by_draft.get(draft_tokenizer)
+    if known is not None and known[0] == fingerprint:
+        return known[1]
+    target_id = canonical_ids(target_tokenizer, target)
+    draft_id = canonical_ids(draft_tokenizer, draft)
+    pairs = sorted((draft_id[s], t) for s, t in target_id.items() if s in draft_id)
     if not pairs:
         raise ValueError("draft_tokenizer shares no token with target_tokenizer (no two tokens spell the same "
                          "bytes): the sampled path has nothing to draft; use the text path (TextDrafter)")
     draft_ids, target_ids = zip(*pairs, strict=True)
-    return SharedVocabulary(torch.tensor(draft_ids), torch.tensor(target_ids), len(target))
+    shared = SharedVocabulary(torch.tensor(draft_ids), torch.tensor(target_ids), len(target))
+    by_draft[draft_tokenizer] = (fingerprint, shared)
+    return shared
+
+
+def canonical_ids(tokenizer: PreTrainedTokenizerBase, spellings: list[bytes | None]) -> dict[bytes, int]:
+    """One id per spelling: where several ids spell the same bytes, the one
+    `tokenizer` writes for that text, else the first that is not a byte-fallback
+    token, else the lowest."""
+    groups: dict[bytes, list[int]] = {}
+    for i, spelling in enumerate(spellings):
+        if spelling is not None:
+            groups.setdefault(spelling, []).append(i)
+    chosen = {}
+    for spelling, ids in groups.items():
+        if len(ids) > 1:
+            written = encode_text(tokenizer, spelling.decode(errors="replace"))
+            pieces = tokenizer.convert_ids_to_tokens(ids)
+            plain = [i for i, piece in zip(ids, pieces, strict=True) if not _is_byte_token(piece)]
+            ids = [written[0]] if len(written) == 1 and written[0] in ids else plain or ids
+        chosen[spelling] = ids[0]
+    return chosen
+
+
+def _is_byte_token(piece: str) -> bool:
+    """Whether a piece is a byte-fallback token such as "<0xE2>"."""
+    return len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">")
+
+
+def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """`text` as plain text: no BOS added, and "</s>" written out spelled, not as a special token."""
+    return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
 
 class TokenizerPair:
@@ -161,11 +226,6 @@ class TokenizerPair:
         self.target_special = set(target_tokenizer.all_special_ids)
         self.draft_special = set(draft_tokenizer.all_special_ids)
 
-    @staticmethod
-    def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-        """`text` as plain text: no BOS added, and "</s>" written out spelled, not as a special token."""
-        return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-
     def draft_view(self, target_ids: list[int]) -> list[int]:
         """The target's sequence in the draft's tokens: text re-encoded, special tokens by role."""
         out: list[int] = []
@@ -173,33 +233,56 @@ class TokenizerPair:
         for i, token in enumerate([*target_ids, None]):
             if token is None or token in self.target_special:
                 text = self.target.decode(target_ids[start:i])
-                out += self._encode(self.draft, text) if text else []
+                out += encode_text(self.draft, text) if text else []
                 mapped = self.to_draft_special.get(token) if token is not None else None
                 out += [mapped] if mapped is not None else []
                 start = i + 1
         return out
 
-    def draft_text(self, draft_ids: list[int]) -> tuple[str, bool]:
-        """The text of new draft tokens, cut at the draft's EOS; and whether it reached one."""
-        for i, token in enumerate(draft_ids):
-            if token == self.draft_eos:
-                return self.draft.decode(draft_ids[:i], skip_special_tokens=True), True
-        return self.draft.decode(draft_ids, skip_special_tokens=True), False
+    def draft_text(self, draft_ids: list[int], view: list[int]) -> tuple[str, bool]:
+        """The text of new draft tokens written after `view`, cut at the draft's
+        EOS; and whether it reached one.
+
+        The text is the difference of two decodes, of the last `lookbehind` tokens
+        of `view` with and without the new ones: a SentencePiece decoder that strips
+        the first space of what it decodes (Llama 2, Mistral) would otherwise drop
+        the space the first new token begins with.
+        """
+        ended = self.draft_eos in draft_ids
+        new = draft_ids[:draft_ids.index(self.draft_eos)] if ended else draft_ids
+        context = self._tail(view, self.draft_special)
+        if context:
+            before = self.draft.decode(context, skip_special_tokens=True)
+            after = self.draft.decode(context + new, skip_special_tokens=True)
+            if after.startswith(before):
+                return after[len(before):], ended
+        # After a special token, or where the context decodes differently once
+        # continued (a character split across it), the new tokens start the text.
+        return self.draft.decode(new, skip_special_tokens=True), ended
+
+    def _tail(self, ids: list[int], special: set[int]) -> list[int]:
+        """The last `lookbehind` ids, after the last special token among them."""
+        tail = ids[-self.lookbehind:]
+        specials = [i for i, t in enumerate(tail) if t in special]
+        return tail[specials[-1] + 1:] if specials else tail
 
     def target_tokens(self, text: str, target_ids: list[int]) -> list[int]:
         """`text` as target tokens after `target_ids`, the sequence so far.
 
-        The last `lookbehind` tokens are re-encoded with the text, so that a word
-        split across the boundary is tokenized as the target would; if that would
-        rewrite a token already emitted, the text is encoded on its own.
+        The last `lookbehind` tokens' text is encoded with and without the new
+        text, and the new tokens are what the first adds, so that a word split
+        across the boundary is tokenized as the target would, and a tokenizer
+        that prepends "▁" to what it encodes (Llama 2) adds it to the context,
+        not to the new text; if the new text would rewrite a token already
+        emitted, it is encoded on its own.
         """
         if not text:
             return []
-        tail = target_ids[-self.lookbehind:]
-        specials = [i for i, t in enumerate(tail) if t in self.target_special]
-        tail = tail[specials[-1] + 1:] if specials else tail  # text after the last special token
+        tail = self._tail(target_ids, self.target_special)  # text after the last special token
         if tail:
-            ids = self._encode(self.target, self.target.decode(tail) + text)
-            if ids[:len(tail)] == tail:
-                return ids[len(tail):]
-        return self._encode(self.target, text)
+            context = self.target.decode(tail)
+            before = encode_text(self.target, context)  # the tail, or how it re-encodes
+            ids = encode_text(self.target, context + text)
+            if ids[:len(before)] == before:
+                return ids[len(before):]
+        return encode_text(self.target, text)

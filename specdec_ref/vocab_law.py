@@ -26,7 +26,6 @@ import torch
 from .cross_drafting import SharedProposal
 from .decoder import close_block
 from .rejection import residual_distribution
-from .sampling import SamplingConfig
 from .vocab import PIECES, TokenizerPair
 
 Law = dict[tuple[int, ...], float]
@@ -93,7 +92,7 @@ def cross_vocab_law(target_probs: Callable, draft_logits: Callable, bridge: Toke
                     prompt: tuple[int, ...], *, num_draft_tokens: int, max_new_tokens: int,
                     biased: bool = False) -> Law:
     """P(output) of the sampled cross-tokenizer decoder (T = 1), every path summed."""
-    proposal = SharedProposal(bridge, SamplingConfig(temperature=1.0))
+    proposal = SharedProposal(bridge)
     eos = bridge.target_eos
     vocab = target_probs(prompt).numel()
     shared = {int(d): int(t) for d, t in zip(proposal.draft_ids, proposal.target_ids, strict=True)}

@@ -10,7 +10,7 @@ from specdec_ref.cross_drafting import SharedVocabDrafter, TextDrafter
 from specdec_ref.decoder import autoregressive_generate, speculative_generate
 from specdec_ref.models import CrossPair, load_pair
 from specdec_ref.sampling import GREEDY, SamplingConfig
-from specdec_ref.vocab import TokenizerPair, check_tokenizer, shared_vocabulary, token_spellings
+from specdec_ref.vocab import TokenizerPair, check_tokenizer, encode_text, shared_vocabulary, token_spellings
 from specdec_ref.vocab_law import cross_vocab_law, law_distance, target_law, toy_model, toy_tokenizers
 
 
@@ -75,9 +75,9 @@ def test_special_tokens_cross_by_role_and_their_strings_stay_text(toys):
         target.encode(" ab", add_special_tokens=False)
     assert bridge.draft_view(ids) == draft.encode(" a", add_special_tokens=False) + [draft.eos_token_id] + \
         draft.encode(" ab", add_special_tokens=False)
-    text, ended = bridge.draft_text([8, draft.eos_token_id, 4])
+    text, ended = bridge.draft_text([8, draft.eos_token_id, 4], [])
     assert (text, ended) == (" a", True)
-    assert draft.eos_token_id not in TokenizerPair._encode(draft, "a</s>")
+    assert draft.eos_token_id not in encode_text(draft, "a</s>")
 
 
 def test_target_tokens_merge_a_word_split_across_the_boundary(toys):
