@@ -37,7 +37,7 @@ from .drafting import Draft
 from .kv_cache import CachedForward, make_logits_source
 from .sampling import SamplingConfig, logits_to_probs, sample
 from .validation import context_length, model_device, vocab_size
-from .vocab import TokenizerPair, shared_vocabulary
+from .vocab import TokenizerPair, id_count, shared_vocabulary
 
 
 class DraftReader:
@@ -47,7 +47,7 @@ class DraftReader:
                  use_cache: bool = True) -> None:
         if not isinstance(draft_model, PreTrainedModel):
             raise TypeError(f"draft_model must be a transformers PreTrainedModel, got {type(draft_model).__name__}")
-        largest = max(draft_tokenizer.get_vocab().values())
+        largest = id_count(draft_tokenizer, "draft_tokenizer") - 1  # (computed once per tokenizer)
         if largest >= vocab_size(draft_model):
             raise ValueError(f"draft_tokenizer has ids up to {largest}, but draft_model has "
                              f"{vocab_size(draft_model)} rows: they do not belong together")

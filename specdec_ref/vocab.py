@@ -93,13 +93,23 @@ def token_spellings(tokenizer: PreTrainedTokenizerBase, name: str = "tokenizer")
         ValueError: naming `name`, for a decoder that is neither byte-level nor
             SentencePiece-style (its pieces' bytes cannot be read off).
     """
+    return list(_known_spellings(tokenizer, name))
+
+
+def id_count(tokenizer: PreTrainedTokenizerBase, name: str = "tokenizer") -> int:
+    """How many ids `tokenizer` has: its largest id + 1, added tokens included."""
+    return len(_known_spellings(tokenizer, name))
+
+
+def _known_spellings(tokenizer: PreTrainedTokenizerBase, name: str) -> tuple[bytes | None, ...]:
+    """`token_spellings`, read once per tokenizer (again if it was edited)."""
     check_tokenizer(tokenizer, name)
     fingerprint = _fingerprint(tokenizer)
     known = _SPELLINGS.get(tokenizer)
     if known is None or known[0] != fingerprint:
         known = (fingerprint, tuple(_read_spellings(tokenizer, name)))
         _SPELLINGS[tokenizer] = known
-    return list(known[1])
+    return known[1]
 
 
 def _read_spellings(tokenizer: PreTrainedTokenizerBase, name: str) -> list[bytes | None]:
