@@ -82,8 +82,10 @@ class BenchSetup:
     fast_costs: object | None  # their measured costs (`bench.fast`)
     fast_k: list[int]  # fixed K of the fast arms
     compile_error: str | None  # why a torch.compile'd baseline could not run
-    arms: list[Arm]  # every arm, in a fixed order
+    arms: list[Arm]  # every arm, in a fixed order (`run_arms` drops an assisted arm that crashed)
     runner: ArmRunner  # runs one arm on one prompt
+    # transformers' assisted arms that crashed: {"arm", "mode", "called", "transformers", "error"}
+    peer_crashes: list[dict] = field(default_factory=list)
 
 
 def _int_list(text: str) -> tuple[int, ...]:

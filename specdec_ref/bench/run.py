@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from ..fast.packed import pack_linear_layers, packing_unsupported
 from ..fast.prepared import describe, plan
+from ..peer import call_peer
 from .arms import Arm, ArmRunner, RunRecord, build_arms
 from .config import DTYPES, BenchConfig, BenchSetup, parse_args
 from .fast import compiled_generate_error, fast_unsupported, gpt2_shapes_pair, measure_fast_costs
@@ -139,14 +140,18 @@ def build(config: BenchConfig, pair: BenchPair | None) -> BenchSetup:
 
 def run_arms(config: BenchConfig, setup: BenchSetup) -> dict[Arm, list[tuple[int, int, RunRecord]]]:
     """The timed loop: every arm once untimed, then `repeats` rounds over the prompts,
-    the arms in a round-robin order; each arm's (repeat, prompt index, record)s."""
-    arms, prompts, runner = setup.arms, setup.prompts, setup.runner
+    the arms in a round-robin order; each arm's (repeat, prompt index, record)s.
+
+    An assisted-generation arm of `transformers` that crashes, in its warm-up or later, is
+    a finding: it is recorded in `setup.peer_crashes` (the report's `meta`), runs no more
+    and is dropped from `setup.arms` and the records; the other arms run on."""
+    arms, prompts = list(setup.arms), setup.prompts
     records: dict[Arm, list[tuple[int, int, RunRecord]]] = {arm: [] for arm in arms}
     total = len(arms) * (1 + config.repeats * len(prompts))
     with tqdm(total=total, desc="bench", unit="run", disable=not config.progress, file=sys.stderr) as bar:
         for arm in arms:  # warm-up: every arm once, untimed
             bar.set_postfix_str(f"warm-up {arm.mode} {arm.name}", refresh=False)
-            runner.run(arm, prompts[0], config.seed)
+            _run_arm(setup, arm, prompts[0], config.seed)
             bar.update()
         slots = config.repeats * len(prompts)
         for repeat in range(config.repeats):
@@ -158,9 +163,29 @@ def run_arms(config: BenchConfig, setup: BenchSetup) -> dict[Arm, list[tuple[int
                 seed = config.seed + 1000 * repeat + index
                 for arm in order:
                     bar.set_postfix_str(f"{arm.mode} {arm.name}", refresh=False)
-                    records[arm].append((repeat, index, runner.run(arm, prompt, seed)))
+                    record = _run_arm(setup, arm, prompt, seed)
+                    if record is not None:
+                        records[arm].append((repeat, index, record))
                     bar.update()
-    return records
+    crashed = {(crash["arm"], crash["mode"]) for crash in setup.peer_crashes}
+    setup.arms = [arm for arm in arms if (arm.name, arm.mode) not in crashed]
+    return {arm: records[arm] for arm in setup.arms}
+
+
+def _run_arm(setup: BenchSetup, arm: Arm, prompt: torch.Tensor, seed: int) -> RunRecord | None:
+    """One run of `arm`; None when it is an assisted arm of `transformers` that has crashed
+    (now, recorded in `setup.peer_crashes`, or before)."""
+    if not (arm.impl == "transformers" and arm.speculative):
+        return setup.runner.run(arm, prompt, seed)
+    if any((crash["arm"], crash["mode"]) == (arm.name, arm.mode) for crash in setup.peer_crashes):
+        return None
+    outcome = call_peer(f"generate(assistant_model=...), arm {arm.name!r}, {arm.mode}",
+                        setup.runner.run, arm, prompt, seed)
+    if outcome.crashed:  # the peer's crash is a finding of the report
+        print(outcome.finding(), file=sys.stderr)
+        setup.peer_crashes.append({"arm": arm.name, "mode": arm.mode, "called": outcome.called,
+                                   "transformers": outcome.version, "error": outcome.error})
+    return outcome.value
 
 
 def _pack(pair, kind: str) -> str:

@@ -84,23 +84,27 @@ def _meta(config: BenchConfig, setup: BenchSetup) -> dict:
         "overhead_method": "forward hooks on both models (GPU synchronized at each pass boundary)",
         "hf_assisted_defaults": assisted_defaults(), "fast": setup.fast,
         "compiled_generate_error": setup.compile_error,
+        # transformers' assisted arms that crashed (dropped from "arms"): the finding, not a dead run
+        "peer_crashes": setup.peer_crashes,
         "prepare": setup.prepared, "trees": [tree_label(shape) for shape in config.trees],
     }
 
 
 def headline(report: dict) -> dict:
     """Per mode: the fastest speculative arm, its speedup over `generate` and over assisted
-    generation at its best K, its share of time outside the forward passes, and what the
-    performance model predicts for it (fixed-K arms; None for a schedule)."""
+    generation at its best K (None where every assisted arm crashed: `meta.peer_crashes`), its
+    share of time outside the forward passes, and what the performance model predicts for it
+    (fixed-K arms; None for a schedule)."""
     predicted = {(row.name, row.mode): row.predicted_speedup for row in predicted_vs_measured(report)}
     out = {}
     for mode in report["meta"]["modes"]:
         arms = [arm for arm in report["arms"] if arm["mode"] == mode and arm["schedule"] is not None]
         ours = max((a for a in arms if a["impl"] == "specdec_ref" and a["use_cache"]), key=lambda a: a["speedup"])
-        assisted = max((a for a in arms if a["impl"] == "transformers"), key=lambda a: a["speedup"])
+        assisted = max((a for a in arms if a["impl"] == "transformers"), key=lambda a: a["speedup"], default=None)
         out[mode] = {"best_arm": ours["name"], "speedup": ours["speedup"], "baseline": report["baselines"][mode],
-                     "best_assisted": assisted["name"],
-                     "assisted_speedup": assisted["speedup"], "over_assisted": ours["speedup"] / assisted["speedup"],
+                     "best_assisted": assisted and assisted["name"],
+                     "assisted_speedup": assisted and assisted["speedup"],
+                     "over_assisted": assisted and ours["speedup"] / assisted["speedup"],
                      "overhead_share": ours["overhead_share"],
                      "predicted_speedup": predicted.get((ours["name"], mode))}
     return out

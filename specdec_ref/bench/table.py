@@ -53,10 +53,15 @@ def format_table(report: dict) -> str:
     for mode, best in report.get("headline", {}).items():
         model = best["predicted_speedup"]
         baseline = best.get("baseline", "hf generate")  # reports before the plain baseline lack the key
+        assisted = (f"{best['over_assisted']:.2f}x over {best['best_assisted']} ({best['assisted_speedup']:.2f}x)"
+                    if best.get("best_assisted") else "no assisted arm ran")
         lines += ["", f"{mode}: fastest speculative arm {best['best_arm']}: {best['speedup']:.2f}x over {baseline}, "
-                  f"{best['over_assisted']:.2f}x over {best['best_assisted']} ({best['assisted_speedup']:.2f}x), "
+                  f"{assisted}, "
                   f"{best['overhead_share']:.1%} outside the forward passes"
                   + (f", model {model:.2f}x" if model is not None and not math.isnan(model) else "")]
+    for crash in meta.get("peer_crashes") or ():
+        lines += ["", f"transformers {crash['transformers']}: arm {crash['arm']} ({crash['mode']}) crashed: "
+                  f"{crash['error']}"]
     if report.get("fast_path"):
         lines += ["", *fast_path_lines(report["fast_path"])]
     if report["greedy_identical"] is not None:

@@ -15,7 +15,8 @@ the embedded cross pair (`load_pair("tiny-cross")`), for this package and for
   `AssistedCandidateGeneratorDifferentTokenizers`) and both of our drafters against
   the target's own greedy `generate`, token for token, over many prompts.
 
-A crash is a verdict: it is recorded with its message, never hidden.
+A crash is a verdict: it is recorded with its message, never hidden, and never stops
+the audit (`peer.call_peer`: the error's first line, with the `transformers` version).
 `transformers` draws from torch's global generator, so each of its calls reseeds it
 from the audit's generator; its assistant drafts a constant K (as `laws.transformers_assisted`).
 
@@ -40,6 +41,7 @@ from ..cross_drafting import SharedVocabDrafter, TextDrafter
 from ..decoder import speculative_generate
 from ..laws import GenerateFn, generate_reference
 from ..models import CrossPair, load_pair
+from ..peer import call_peer, first_line
 from ..reports import REPORTS_DIR
 from ..sampling import SamplingConfig
 from ..timing import cpu_name
@@ -116,7 +118,8 @@ def audit_row(name: str, generate: GenerateFn, reference: object, pair: CrossPai
         eos_token_id=pair.tokenizer.eos_token_id)
     pooled = {stratum: p for stratum, _, p in getattr(result, "strata", ()) if stratum.startswith("all tokens")}
     row = {"implementation": name, "sampling": "T = 1, top-k and top-p off", "passed": result.passed,
-           "summary": result.summary(), "error": result.error, "num_runs": config.num_runs,
+           "summary": result.summary(), "error": result.error and first_line(result.error),
+           "transformers": transformers.__version__, "num_runs": config.num_runs,
            "num_samples": result.num_samples, "impossible": result.impossible, "p_value": result.p_value,
            "worst_stratum": getattr(result, "worst", None), "pooled_p_values": pooled,
            "detectable_tv": result.detectable_tv, "tv_estimate": result.tv_estimate,
@@ -131,12 +134,11 @@ def greedy_row(name: str, generate: Callable, references: list[torch.Tensor], pr
     start = time.perf_counter()
     matches, mismatches, error = 0, [], None
     for index, (prompt, reference) in enumerate(zip(prompts, references, strict=True)):
-        try:
-            result = generate(prompt, None, config.greedy_new_tokens)
-        except Exception as crash:  # a crash is the verdict
-            error = f"{type(crash).__name__}: {crash}"
+        outcome = call_peer(name, generate, prompt, None, config.greedy_new_tokens)
+        if outcome.crashed:  # a crash is the verdict
+            error = outcome.error
             break
-        sequence = getattr(result, "sequences", result)
+        sequence = getattr(outcome.value, "sequences", outcome.value)
         if torch.equal(sequence, reference):
             matches += 1
             continue
@@ -160,18 +162,18 @@ def reuse_after_sampling(config: VocabAuditConfig, prompt: torch.Tensor) -> dict
     the modules it replaced, and whether a greedy cross-tokenizer call with that draft then runs."""
     pair = load_pair("tiny-cross", device="cpu")
     before = {name: type(module).__name__ for name, module in pair.draft_model.named_modules()}
-    transformers_cross(pair, SAMPLED, config)(prompt, torch.Generator().manual_seed(config.seed), 8)
+    sampled = call_peer("generate(do_sample=True, assistant_model=..., assistant_tokenizer=...)",
+                        transformers_cross(pair, SAMPLED, config), prompt,
+                        torch.Generator().manual_seed(config.seed), 8)
     after = {name: type(module).__name__ for name, module in pair.draft_model.named_modules()}
     changed = {name: [before.get(name), after.get(name)] for name in sorted(set(before) | set(after))
                if before.get(name) != after.get(name)}
-    try:
-        transformers_cross(pair, GREEDY, config)(prompt, None, 8)
-        error = None
-    except Exception as crash:  # the verdict of reusing the draft
-        error = f"{type(crash).__name__}: {crash}"
+    error = call_peer("generate(assistant_model=..., assistant_tokenizer=...)",
+                      transformers_cross(pair, GREEDY, config), prompt, None, 8).error  # reusing the draft
     print(f"after transformers' sampling the draft's modules changed: {changed}; greedy reuse: {error}", flush=True)
     head = getattr(pair.draft_model.get_output_embeddings(), "pruned_lm_head", None)
-    return {"draft_modules_changed": changed, "greedy_call_after_sampled_call_error": error,
+    return {"sampled_call_error": sampled.error, "draft_modules_changed": changed,
+            "greedy_call_after_sampled_call_error": error,
             "transformers_shared_tokens": getattr(head, "out_features", None)}
 
 
