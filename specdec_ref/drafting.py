@@ -173,9 +173,10 @@ def as_drafter(draft_model: PreTrainedModel | LogitsSource | Drafter,
 
     A model gets a cache of its own, a logits source is used with its cache
     emptied (`fresh_source`); either is wrapped in a `ModelDrafter` with the
-    decoder's sampling and generator. A `ModelDrafter` takes them where it
-    has none (`bind`); any other drafter is checked (`check_drafter`) and
-    used as it is, its cache emptied.
+    decoder's sampling and generator. A drafter with a `bind` method (a
+    `ModelDrafter`, a draft head's) takes them where it has none; any other
+    drafter is checked (`check_drafter`) and used as it is, its cache
+    emptied.
 
     Raises:
         TypeError: naming `draft_model`, for anything else.
@@ -183,8 +184,9 @@ def as_drafter(draft_model: PreTrainedModel | LogitsSource | Drafter,
     if is_drafter(draft_model):
         check_drafter(draft_model)
         draft_model.rollback(0)  # it may hold an earlier call's cache
-        if isinstance(draft_model, ModelDrafter):
-            return draft_model.bind(sampling, generator)
+        bind = getattr(draft_model, "bind", None)
+        if callable(bind):  # a ModelDrafter, or any drafter that samples (heads)
+            return bind(sampling, generator)
         return draft_model
     if isinstance(draft_model, PreTrainedModel) or is_logits_source(draft_model):
         source = fresh_source(draft_model, use_cache)

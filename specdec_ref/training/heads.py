@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -255,7 +254,8 @@ def held_out_metrics(head, parts: TargetParts, data: dict, config: HeadTrainConf
     totals: dict[str, float] = {}
     count = len(data["held"])
     for start in range(0, count, config.batch_size):
-        ids, feats = data["held_ids"][start : start + config.batch_size], data["held"][start : start + config.batch_size]
+        rows = slice(start, start + config.batch_size)
+        ids, feats = data["held_ids"][rows], data["held"][rows]
         with torch.autocast("cpu", dtype=torch.bfloat16):
             result = loss_fn(head, parts, ids, feats, config, None)
         for name, value in result.items():
