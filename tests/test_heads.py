@@ -195,3 +195,27 @@ def test_saved_head_round_trips(tmp_path, kind):
     loaded = type(heads).load(tmp_path, model)
     for a, b in zip(heads.state_dict().values(), loaded.state_dict().values(), strict=True):
         assert torch.allclose(a, b, atol=2e-3, rtol=1e-3)
+
+
+SHIPPED = {"eagle": ("eagle-head", EagleHead, EagleDrafter), "medusa": ("medusa-heads", MedusaHeads, MedusaDrafter)}
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_shipped_head_matches_target_greedy(kind):
+    """The trained head shipped in pairs/tiny drafts for the tiny target: greedy output is the target's
+    own, token for token, and it drafts far better than chance (a loading error would not)."""
+    from specdec_ref.models import TINY_DIR, load_pair
+
+    folder, head_class, drafter_class = SHIPPED[kind]
+    if not (TINY_DIR / folder / "config.json").is_file():
+        pytest.skip(f"no trained {kind} head is shipped in pairs/tiny/{folder}")
+    _, target, tokenizer = load_pair("tiny", device="cpu")
+    source = FeatureSource(target)
+    drafter = drafter_class(head_class.load(TINY_DIR / folder, target), source)
+    prompt = tokenizer("import os\n\n\ndef read_config(path):\n", return_tensors="pt").input_ids
+    expected = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=48,
+                               **GREEDY.generate_kwargs())
+    out = speculative_generate(source, drafter, prompt, max_new_tokens=48, num_draft_tokens=4, sampling=GREEDY)
+    assert torch.equal(out.sequences, expected[:, : out.sequences.size(1)])
+    assert out.sequences.size(1) == expected.size(1) or int(out.sequences[0, -1]) == tokenizer.eos_token_id
+    assert out.stats.per_token_acceptance > 0.3, out.stats
