@@ -109,6 +109,10 @@ class FeatureSource(CachedForward):
         self.features = torch.cat([self.features, fed])  # (n, H)
         return logits
 
+    def close(self) -> None:
+        """Remove the hook from the target's final norm (the source reads no more features)."""
+        self.hook.remove()
+
     def rollback(self, length: int) -> None:
         """Forget every cached token, and its feature, after the first `length`."""
         super().rollback(length)

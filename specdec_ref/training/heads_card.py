@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,8 +31,10 @@ from ..heads.drafters import EagleDrafter, MedusaDrafter
 from ..heads.eagle import EagleHead
 from ..heads.features import FeatureSource
 from ..heads.medusa import MedusaHeads
+from ..kv_cache import CachedForward
 from ..models import load_pair
 from ..sampling import SamplingConfig
+from ..timing import cpu_name
 from .config import DEFAULT_OUT
 from .corpus import held_out_prompts
 
@@ -51,6 +55,71 @@ def arm_figures(run: Callable, prompts: list[torch.Tensor], baselines: list[torc
     if baselines is not None:
         row["matches_target_greedy"] = f"{matches}/{len(prompts)}"
     return row
+
+
+def thread_ms(step: Callable[[], object], repeats: int = 30, warmup: int = 3) -> float:
+    """Median CPU milliseconds of the calling thread per call of `step`.
+
+    With one torch thread the pass runs in the calling thread, so its CPU time is its
+    cost, and unlike wall time it does not grow when other processes share the cores.
+    """
+    for _ in range(warmup):
+        step()
+    samples = []
+    for _ in range(repeats):
+        start = time.thread_time()
+        step()
+        samples.append(time.thread_time() - start)
+    return statistics.median(samples) * 1e3
+
+
+def one_token_steps(draft, target, modules: dict, prefix: torch.Tensor) -> dict[str, Callable[[], object]]:
+    """A one-token step after `prefix` (1, n) per arm, each undone before the next call:
+    the target's and the draft's cached passes; EAGLE's cached head pass with the target's
+    norm and LM head; Medusa's round of every head from one feature."""
+    n = prefix.size(1)
+    sequence = torch.cat([prefix, prefix[:, :1]], dim=1)  # (1, n + 1)
+    steps: dict[str, Callable[[], object]] = {}
+    for name, model in (("target", target), ("draft", draft)):
+        source = CachedForward(model)
+        source.last_logits(prefix, 1)
+        steps[name] = lambda source=source: (source.rollback(n), source.last_logits(sequence, 1))
+    features_source = FeatureSource(target)
+    features_source.last_logits(prefix, 1)
+    features_source.close()
+    features, parts = features_source.features, features_source.parts  # (n, H)
+    if "eagle" in modules:
+        head, cache = modules["eagle"], modules["eagle"].new_cache()
+        head(parts.embed(prefix[:, 1:]), features[None, :-1], torch.arange(n - 1)[None], cache)
+        token, feature, position = prefix[:, -1:], features[None, -1:], torch.tensor([[n - 1]])
+
+        def eagle_step() -> torch.Tensor:
+            excess = cache.get_seq_length() - (n - 1)  # the previous step's entry
+            if excess > 0:
+                cache.crop(-excess)
+            return parts.logits(head(parts.embed(token), feature, position, cache))
+
+        steps["eagle"] = eagle_step
+    if "medusa" in modules:
+        heads = modules["medusa"]
+        steps["medusa"] = lambda: [heads.logits(features[-1:], parts, k) for k in range(len(heads))]
+    return steps
+
+
+@torch.no_grad()
+def latencies(draft, target, modules: dict, prefix: torch.Tensor, rounds: int = 5) -> dict:
+    """Median CPU ms per drafted token of each arm, interleaved rounds; c against the target."""
+    steps = one_token_steps(draft, target, modules, prefix)
+    rows: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            rows[name].append(thread_ms(step))
+    ms = {name: statistics.median(values) for name, values in rows.items()}
+    if "medusa" in ms:
+        ms["medusa"] /= len(modules["medusa"])  # one round drafts K tokens
+    out = {f"{name}_1_token": round(value, 4) for name, value in ms.items()}
+    out.update({f"c_{name}": round(ms[name] / ms["target"], 3) for name in ms if name != "target"})
+    return out
 
 
 def measure(kinds: list[str], num_prompts: int = 32, new_tokens: int = 64, k: int = 4, seed: int = 0) -> dict:
@@ -76,8 +145,14 @@ def measure(kinds: list[str], num_prompts: int = 32, new_tokens: int = 64, k: in
                                             eos_token_id=eos)
 
             results.setdefault(label, {})[arm] = arm_figures(run, prompts, baselines)
+    # Cost per drafted token beside the target's one-token pass (batch 1, KV cache, a
+    # 128-token held-out prefix, CPU time of one thread).
+    prefix = torch.cat(prompts)[:4].reshape(1, -1)  # (1, 128)
+    modules = {kind: drafters[kind].head if kind == "eagle" else drafters[kind].heads for kind in kinds}
+    latency = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "prefix_tokens": prefix.size(1),
+               **latencies(draft, target, modules, prefix)}
     return {"num_prompts": num_prompts, "prompt_tokens": 32, "new_tokens": new_tokens, "k": k, "seed": seed,
-            "acceptance": results}
+            "acceptance": results, "latency_ms": latency}
 
 
 def curve(folder: Path) -> list[dict]:
@@ -131,8 +206,15 @@ def write_card(folder: Path, kind: str, metrics: dict) -> None:
             lines.append(f"| {label.replace('_', ' ')} | {arm} | {row['alpha']:.3f} | "
                          f"{row['accepted_per_drafted']:.3f} | {row['tokens_per_target_call']:.2f} | "
                          f"{row.get('matches_target_greedy', '-')} |")
-    lines += ["", "Speed is not measured here: a head's pass costs more than the one-layer draft's "
-              "(its LM head spans the target's 4096 tokens)."]
+    lat = m["latency_ms"]
+    lines += ["", f"Cost per drafted token (batch 1, KV cache, a {lat['prefix_tokens']}-token prefix, "
+              f"{lat['threads']} thread, {lat['cpu']}; median CPU time of the thread, which a shared machine does not "
+              "inflate as it does wall time), against the target's "
+              f"one-token pass of {lat['target_1_token']:.2f} ms: the separate draft {lat['draft_1_token']:.2f} ms "
+              f"(c = {lat['c_draft']:.3f})"
+              + "".join(f", the {arm} head {lat[f'{arm}_1_token']:.2f} ms (c = {lat[f'c_{arm}']:.3f})"
+                        for arm in ("eagle", "medusa") if f"c_{arm}" in lat)
+              + ". Medusa's cost is one round of all its heads over K. End-to-end speed is not measured here."]
     (folder / "README.md").write_text("\n".join(lines) + "\n")
 
 
