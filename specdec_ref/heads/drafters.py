@@ -140,6 +140,23 @@ class MedusaDrafter(HeadDrafter):
         return Draft(torch.cat(tokens).to(input_ids.device), torch.cat(probs))  # (K,), (K, V)
 
 
+class StableCache:
+    """EAGLE's head cache and how many of its entries the target's real features built.
+
+    Shared by a drafter and its bound copies (`bind`), as a model drafter's cache is."""
+
+    def __init__(self, head: EagleHead) -> None:
+        self.kv = head.new_cache()
+        self.real = 0  # entries 0..real - 1 read the target's features
+
+    def keep(self, length: int) -> None:
+        """Keep the first `length` entries (never more than the real ones)."""
+        self.real = min(self.real, length)
+        excess = self.kv.get_seq_length() - self.real
+        if excess > 0:
+            self.kv.crop(-excess)
+
+
 class EagleDrafter(HeadDrafter):
     """EAGLE's head as a `Drafter`: autoregressive on its own features, a stable cache."""
 
@@ -147,32 +164,24 @@ class EagleDrafter(HeadDrafter):
                  sampling: SamplingConfig | None = None, generator: torch.Generator | None = None) -> None:
         super().__init__(source, num_draft_tokens, sampling, generator)
         self.head = head
-        self.cache = head.new_cache()
-        self.real = 0  # head cache entries built from the target's real features
-
-    def _crop(self, length: int) -> None:
-        """Keep the first `length` entries of the head's cache."""
-        excess = self.cache.get_seq_length() - length
-        if excess > 0:
-            self.cache.crop(-excess)
+        self.cache = StableCache(head)
 
     @torch.no_grad()
     def draft(self, input_ids: torch.Tensor, num_draft_tokens: int, vocab_size: int) -> Draft:
         """`num_draft_tokens` tokens after `input_ids` (1, n), with q (K, V)."""
         if not self.ready(input_ids, vocab_size) or num_draft_tokens < 1:
             return self.empty()
-        n, parts = input_ids.size(1), self.source.parts
+        n, parts, cache = input_ids.size(1), self.source.parts, self.cache
         # 1. The stable cache: only entries of real features, and at least one
         #    position to feed (its output is the first draft's feature).
-        self.real = min(self.real, n - 2)
-        self._crop(self.real)
-        start = self.real
+        cache.keep(n - 2)
+        start = cache.real
         ids = input_ids[:, start + 1 : n]  # x_{t+1} for t = start..n-2, (1, m)
         feats = self.source.features[start : n - 1][None]  # h_t, (1, m, H)
         positions = torch.arange(start, n - 1, device=ids.device)[None]  # (1, m)
         predicted = self.head(parts.embed(ids), feats.to(self.head.fc.weight.dtype), positions,
-                              self.cache)[:, -1:]  # h^_{n-1}, (1, 1, H)
-        self.real = n - 1
+                              cache.kv)[:, -1:]  # h^_{n-1}, (1, 1, H)
+        cache.real = n - 1
         self.forward_calls += 1
         tokens, probs = [], []
         for i in range(num_draft_tokens):
@@ -181,15 +190,14 @@ class EagleDrafter(HeadDrafter):
             probs.append(q)
             if i + 1 == num_draft_tokens:
                 break
-            # 2. Draft on its own feature: (h^_{t}, drafted x_{t+1}) at position t.
+            # 2. Draft on its own feature: (h^_t, drafted x_{t+1}) at position t.
             position = torch.tensor([[n - 1 + i]], device=ids.device)  # (1, 1)
             embed = parts.embed(token.view(1, 1).to(ids.device))  # (1, 1, H)
-            predicted = self.head(embed, predicted, position, self.cache)  # (1, 1, H)
+            predicted = self.head(embed, predicted, position, cache.kv)  # (1, 1, H)
             self.forward_calls += 1
         return Draft(torch.cat(tokens).to(input_ids.device), torch.cat(probs))  # (K,), (K, V)
 
     def rollback(self, length: int) -> None:
         """Drop every entry built on a predicted feature, and any past `length` - 1."""
         super().rollback(length)
-        self.real = min(self.real, max(length - 1, 0))
-        self._crop(self.real)
+        self.cache.keep(max(length - 1, 0))
