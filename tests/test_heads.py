@@ -184,6 +184,14 @@ def test_bad_input_gives_named_errors(tmp_path):
         EagleHead.load(tmp_path / "eagle", other)
     with pytest.raises(ValueError, match="has no final norm"):
         final_norm(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="vocab_size=47, but the source's LM head has 48 rows"):
+        EagleDrafter(head, source).bind(GREEDY, None).draft(prompt, 2, 47)
+    with pytest.raises(ValueError, match="has no sampling configuration"):
+        EagleDrafter(head, source).draft(prompt, 2, 48)
+    with pytest.raises(ValueError, match="rule must be 'exact' or 'article'"):
+        head_law(drafter, prompt, num_draft_tokens=2, sampling=SamplingConfig(), num_tokens=1, rule="typical")
+    with pytest.raises(ValueError, match="temperature > 0"):
+        head_law(drafter, prompt, num_draft_tokens=2, sampling=GREEDY, num_tokens=1)
 
 
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
