@@ -53,7 +53,7 @@ class HeadTrainConfig:
     features_file: Path = Path("/tmp/specdec-heads/features.pt")  # the features, computed once
     seed: int = 0  # seeds the windows, the head's initialisation and the batches
     context: int = 512  # tokens per window
-    windows: int = 2000  # training windows of features (windows * context tokens)
+    windows: int = 2400  # training windows of features (windows * context tokens)
     held_out_windows: int = 16  # held-out windows for the validation top-1
     batch_size: int = 8  # windows per step
     steps: int = 1500  # optimizer steps (the learning-rate schedule's length)
@@ -67,6 +67,7 @@ class HeadTrainConfig:
     log_every: int = 10  # steps between rows of training_log.csv
     checkpoint_every: int = 100  # steps between saved heads
     max_minutes: float | None = None  # stop (and save) after this much training time
+    stop_at: int | None = None  # stop (and save) after this many steps; the schedule still spans `steps`
     corpus: CorpusConfig = CorpusConfig()
 
     def folder(self) -> Path:
@@ -228,7 +229,8 @@ def train_head(config: HeadTrainConfig) -> dict:
             optimizer.zero_grad(set_to_none=True)
             running.append((result["loss"].item(), result["top1"].item()))
             elapsed = time.perf_counter() - start
-            out_of_time = config.max_minutes is not None and elapsed > 60 * config.max_minutes
+            out_of_time = (config.max_minutes is not None and elapsed > 60 * config.max_minutes) \
+                or step == config.stop_at
             held_row = ""
             if step % config.checkpoint_every == 0 or step == config.steps or out_of_time:
                 held = held_out_metrics(head, parts, data, config, loss_fn)
@@ -274,13 +276,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=HeadTrainConfig.steps)
     parser.add_argument("--windows", type=int, default=HeadTrainConfig.windows)
     parser.add_argument("--max-minutes", type=float, default=None, help="stop and save after this long")
+    parser.add_argument("--stop-at", type=int, default=None,
+                        help="stop and save after this many steps (reproduces a run cut by --max-minutes)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--quick", action="store_true", help="a smoke run: few windows and steps")
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     config = HeadTrainConfig(kind=args.kind, out_dir=args.out, features_file=args.features, steps=args.steps,
-                             windows=args.windows, max_minutes=args.max_minutes)
+                             windows=args.windows, max_minutes=args.max_minutes, stop_at=args.stop_at)
     if args.quick:
         config = replace(config, windows=8, held_out_windows=2, steps=4, batch_size=2, log_every=1,
                          checkpoint_every=2, corpus=CorpusConfig(max_documents=120))

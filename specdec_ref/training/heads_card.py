@@ -168,9 +168,16 @@ def write_card(folder: Path, kind: str, metrics: dict) -> None:
     run, m = metrics["training"], metrics["measured"]
     config = run["config"]
     title = "EAGLE head" if kind == "eagle" else "Medusa heads"
+    command = f"python -m specdec_ref.training.heads --kind {kind} --threads 1 --steps {config['steps']}"
+    cut = run["steps_done"] < config["steps"]
+    if cut:
+        command += f" --stop-at {run['steps_done']}"
     lines = [f"# The tiny target's {title}", "",
-             f"Trained by `python -m specdec_ref.training.heads --kind {kind}`, measured by "
-             "`python -m specdec_ref.training.heads_card`, which wrote this card from `metrics.json`.", "",
+             f"Trained by `{command}`, measured by `python -m specdec_ref.training.heads_card --threads 1`, "
+             "which wrote this card from `metrics.json`"
+             + (f" (the run stopped at its time budget, `--max-minutes {config['max_minutes']}`, at step "
+                f"{run['steps_done']} of the {config['steps']} its learning-rate schedule spans; `--stop-at` "
+                "repeats that)." if cut else "."), "",
              "## Training", "",
              f"- Data: {run['feature_tokens']:,} tokens ({config['windows']} windows of {config['context']}) of the "
              "tiny pair's training corpus, read once by the frozen target (bfloat16); the input of its final "
