@@ -226,4 +226,6 @@ def test_shipped_head_matches_target_greedy(kind):
     out = speculative_generate(source, drafter, prompt, max_new_tokens=48, num_draft_tokens=4, sampling=GREEDY)
     assert torch.equal(out.sequences, expected[:, : out.sequences.size(1)])
     assert out.sequences.size(1) == expected.size(1) or int(out.sequences[0, -1]) == tokenizer.eos_token_id
-    assert out.stats.per_token_acceptance > 0.3, out.stats
+    # Held out, the card measures alpha 0.81 (EAGLE) and 0.28 (Medusa); untrained heads accept
+    # next to nothing.
+    assert out.stats.per_token_acceptance > {"eagle": 0.5, "medusa": 0.1}[kind], out.stats

@@ -200,7 +200,9 @@ def train_head(config: HeadTrainConfig) -> dict:
     autocast = torch.autocast("cpu", dtype=torch.bfloat16)
     start, running, step = time.perf_counter(), [], 0
     facts = {"config": json.loads(json.dumps(asdict(config), default=str)),
-             "feature_tokens": int(data["train_ids"].numel()), "feature_seconds": round(feature_seconds, 1),
+             "feature_tokens": int(data["train_ids"].numel()),
+             # The extraction's time, as measured when the features file was written.
+             "feature_seconds": data["seconds"], "corpus_train_tokens": int(data["train_tokens_total"]),
              "params": sum(p.numel() for p in head.parameters()), "torch_threads": torch.get_num_threads(),
              "torch": torch.__version__}
 
