@@ -193,7 +193,8 @@ def as_drafter(draft_model: PreTrainedModel | LogitsSource | Drafter,
     A model gets a cache of its own, a logits source is used with its cache
     emptied (`fresh_source`); either is wrapped in a `ModelDrafter` with the
     decoder's sampling and generator. A drafter with `bind` (a
-    `SamplingDrafter`: `ModelDrafter`, `cross_drafting.SharedVocabDrafter`)
+    `SamplingDrafter`: `ModelDrafter`, `cross_drafting.SharedVocabDrafter`,
+    a draft head's)
     takes them where it has none; any other drafter is checked
     (`check_drafter`) and used as it is, its cache emptied.
 
