@@ -281,7 +281,8 @@ def speculative_generate(
     for name, source in sources.items():
         check_capacity(name, source.max_length,
                        input_ids.size(1) + max_new_tokens)
-    if isinstance(drafter, LengthCheckingDrafter):  # a draft with its own tokens
+    # A draft that reads the sequence in tokens of its own checks its context.
+    if isinstance(drafter, LengthCheckingDrafter):
         drafter.check_length(input_ids, max_new_tokens)
     schedule = as_schedule(num_draft_tokens)
     eos = eos_set(eos_token_id)
