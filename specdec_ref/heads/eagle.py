@@ -32,6 +32,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
+from .features import decoder_of
+
 HEAD_FILE = "head.safetensors"  # the trained weights, float16
 CONFIG_FILE = "config.json"  # the head's decoder-layer config and what it was built for
 
@@ -76,7 +78,7 @@ class EagleHead(nn.Module):
             ValueError: when the target's decoder has no `layers` and `rotary_emb`
                 (the Llama family's layout) to take the head's classes from.
         """
-        decoder = target.get_decoder()
+        decoder = decoder_of(target)
         layers, rotary = getattr(decoder, "layers", None), getattr(decoder, "rotary_emb", None)
         if layers is None or rotary is None:
             raise ValueError(f"{type(target).__name__} has no decoder.layers and decoder.rotary_emb: "

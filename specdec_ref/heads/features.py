@@ -33,6 +33,16 @@ from ..kv_cache import CachedForward
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm")
 
 
+def decoder_of(model: PreTrainedModel) -> nn.Module | None:
+    """The model's decoder stack (`get_decoder()`, which is None for a causal LM in
+    transformers 4.x; then the base model under `base_model_prefix`)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if decoder is not None:
+        return decoder
+    prefix = getattr(model, "base_model_prefix", "")
+    return getattr(model, prefix, None) if prefix else None
+
+
 def final_norm(model: PreTrainedModel) -> nn.Module:
     """The module that normalises the last hidden state before the LM head.
 
@@ -40,7 +50,7 @@ def final_norm(model: PreTrainedModel) -> nn.Module:
         ValueError: naming the model's type, when its decoder has none of
             `FINAL_NORM_NAMES`.
     """
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    decoder = decoder_of(model)
     for name in FINAL_NORM_NAMES:
         module = getattr(decoder, name, None)
         if isinstance(module, nn.Module):

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from ..heads.eagle import EagleHead
-from ..heads.features import TargetParts
+from ..heads.features import TargetParts, decoder_of
 from .config import DEFAULT_OUT
 from .corpus import CorpusConfig, load_corpus
 from .train import _lr_at, encode
@@ -93,7 +93,7 @@ def extract_features(target, windows: torch.Tensor, batch_size: int = 8) -> torc
     try:
         for start in range(0, len(windows), batch_size):
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                target.get_decoder()(windows[start : start + batch_size])
+                decoder_of(target)(windows[start : start + batch_size])
             out[start : start + batch_size] = captured["h"].to(torch.float16)
     finally:
         hook.remove()
