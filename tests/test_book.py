@@ -26,7 +26,7 @@ CHAPTER_MODULES = {
     "04-rejection-sampling-proof": "specdec_ref.rejection",
     "05-bonus-token-and-kv-cache": "specdec_ref.kv_cache",
     "06-performance": "specdec_ref.analysis",
-    "06b-fast-passes-and-fair-timing": "specdec_ref.fast.packed specdec_ref.fast.batch_invariant specdec_ref.fast.lean "
+    "12-measuring-speed-fairly": "specdec_ref.fast.packed specdec_ref.fast.batch_invariant specdec_ref.fast.lean "
                                        "specdec_ref.fast",
     "07-beyond-one-sequence": "specdec_ref.batched specdec_ref.lookup",
     "08-trees-of-drafts": "specdec_ref.tree specdec_ref.tree_verify specdec_ref.tree_model",
