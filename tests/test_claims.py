@@ -407,7 +407,7 @@ def test_using_page_check_fails_when_a_report_changes(tmp_path, capsys):
     path = data / "batched-throughput.json"
     report = json.loads(path.read_text())
     row = next(r for r in report["rows"] if r["batch_size"] == 16)
-    row["speculative_over_generate"] = 1.234
+    row["speculative_over_generate_cpu"] = 1.234
     path.write_text(json.dumps(report))
     assert using.main(["--check", "--data", str(data)]) == 1
     assert "1.23x at 16" in capsys.readouterr().err
