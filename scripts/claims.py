@@ -47,8 +47,7 @@ README = ROOT / "README.md"
 README_TEMPLATE = ROOT / "scripts" / "readme.in.md"  # the prose after the table
 # The other pages written from a template: the intro (its table's run times) and the
 # article's errata.
-PAGES = ((ROOT / "scripts" / "intro.in.md", ROOT / "book" / "intro.md"),
-         (ROOT / "scripts" / "errata.in.md", ROOT / "book" / "errata.md"))
+PAGES = ((ROOT / "scripts" / "errata.in.md", ROOT / "book" / "errata.md"),)
 GLUE_MIME = "application/papermill.record/text/plain"
 PLACEHOLDER = re.compile(r"\{\{(nb|data|calc):([^{}]+)\}\}")
 ROW = re.compile(r"\{\{#:([\w-]+)\}\}")
@@ -77,7 +76,11 @@ class Sources:
             path = self.notebooks / f"{stem}.ipynb"
             if not path.is_file():
                 raise ClaimsError(f"no notebook {stem!r} (looked for {path})")
-            values = {"_run_seconds": run_seconds(path)}
+            values = {}
+            try:  # `_run_seconds`: the committed run's wall time, where it is recorded
+                values["_run_seconds"] = run_seconds(path)
+            except ClaimsError:
+                pass
             for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
                 for output in cell.get("outputs", []):
                     name = output.get("metadata", {}).get("scrapbook", {}).get("name")
