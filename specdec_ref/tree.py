@@ -285,16 +285,22 @@ def tree_speculative_generate(
             cache cannot hold the prompt and `max_new_tokens`.
     """
     widths = check_widths(widths)
-    if not isinstance(draft_model, (PreTrainedModel, TreeLogitsSource)):
-        raise TypeError("draft_model must be a transformers PreTrainedModel or a "
-                        f"fast.lean.LeanForward or fast.StaticForward, got {type(draft_model).__name__}")
-    draft_weights = draft_model.model if isinstance(draft_model, TreeLogitsSource) \
+    if not isinstance(draft_model, (PreTrainedModel, TreeLogitsSource, TreeSource)):
+        raise TypeError("draft_model must be a transformers PreTrainedModel, a "
+                        "fast.lean.LeanForward or fast.StaticForward, or a tree source "
+                        f"(heads.trees.MedusaTreeSource), got {type(draft_model).__name__}")
+    draft_weights = draft_model.model if isinstance(draft_model, (TreeLogitsSource, TreeSource)) \
         else draft_model
-    models = {"target_model": target_model, "draft_model": draft_weights}
+    target_weights = target_model.model if isinstance(target_model, TreeSource) else target_model
+    models = {"target_model": target_weights, "draft_model": draft_weights}
     check_generation_args(models, input_ids, max_new_tokens, sampling,
                           generator)
     target = tree_source(target_model, "target_model")
     draft = tree_source(draft_model, "draft_model")
+    if isinstance(target_model, TreeSource):  # built by the caller: a fresh sequence
+        target.keep([])
+    # A source built by the caller may have run before: count this call's passes.
+    target_before, draft_before = target.forward_calls, draft.forward_calls
     # A TreeLogitsSource's buffers must hold the whole output, as in the chain.
     check_capacity("draft_model", draft.capacity,
                    input_ids.size(1) + max_new_tokens)
@@ -316,6 +322,6 @@ def tree_speculative_generate(
         trace.append(record)
         if hit_eos:
             break
-    stats.target_calls = target.forward_calls
-    stats.draft_calls = draft.forward_calls
+    stats.target_calls = target.forward_calls - target_before
+    stats.draft_calls = draft.forward_calls - draft_before
     return GenerationOutput(sequence, stats, trace)
