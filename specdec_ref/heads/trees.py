@@ -1,4 +1,5 @@
-"""Draft heads growing a tree: Medusa's heads as a tree source for the unchanged tree decoder.
+"""Draft heads growing a tree: Medusa's heads and EAGLE's head as tree sources for the unchanged
+tree decoder.
 
 A tree needs two things a chain does not (chapter 8): the target as a tree source, and a
 draft that gives q at every node of a level in one pass.
@@ -28,6 +29,7 @@ import torch
 from torch import nn
 
 from ..tree_forward import DraftTree, TreeForward, TreeSource
+from .eagle import EagleHead
 from .features import TargetParts
 from .medusa import MedusaHeads
 
@@ -127,3 +129,104 @@ class MedusaTreeSource(TreeSource):
         if slots and self.target.features.size(0) == 0:
             raise ValueError("the target holds no features after a round: pass this source's "
                              "FeatureTreeForward to the tree decoder as target_model")
+
+
+class EagleTreeSource(TreeSource):
+    """EAGLE's head as the tree decoder's draft: each node's feature predicted from its parent's.
+
+    The head's cache holds one entry per pair (h_t, x_{t+1}) at position t. A round after
+    x_0..x_{n-1} first feeds the pairs of the target's real features not yet read, up to
+    the root's, (h_{n-2}, x_{n-1}); the root's predicted feature gives its children's q.
+    A node j of depth d >= 1 is the pair (its parent's predicted feature, its token) at
+    position n - 2 + d, in cache slot n - 2 + j, and sees the real entries, its ancestors
+    and itself (a tree mask, as the target's pass has). After the round every entry built
+    on a predicted feature is dropped (EAGLE's stable cache), so the next round reads the
+    accepted positions with the target's real features.
+    """
+
+    def __init__(self, head: EagleHead, target: FeatureTreeForward) -> None:
+        if not isinstance(target, FeatureTreeForward):
+            raise TypeError("target must be the heads.trees.FeatureTreeForward passed to the tree "
+                            f"decoder as target_model, got {type(target).__name__}")
+        self.head, self.target = head, target
+        self.model = target.model  # the weights the decoder checks (vocabulary, device)
+        self.cache, self.real = head.new_cache(), 0  # entries 0..real - 1 read real features
+        self.forward_calls = 0  # passes through the head
+        self._nodes: list[torch.Tensor] = []  # each fed node's predicted feature, (H,)
+        self._blind = False  # the round's target has read nothing: a uniform q
+
+    @property
+    def cached_length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def _keep_real(self, length: int) -> None:
+        """Keep the first `length` entries, never one built on a predicted feature."""
+        self.real = min(self.real, length)
+        excess = self.cache.get_seq_length() - self.real
+        if excess > 0:
+            self.cache.crop(-excess)
+
+    def _read_real(self, sequence: torch.Tensor) -> None:
+        """Feed the real pairs up to the root's; the root's predicted feature is node 0's."""
+        n, held = sequence.size(1), self.target.features.size(0)
+        if held != n - 1:
+            raise ValueError(f"the target holds {held} features for a sequence of {n} tokens: pass "
+                             "this source's FeatureTreeForward to the tree decoder as target_model")
+        self._keep_real(n - 2)  # at least the root's pair is fed
+        start, parts = self.real, self.target.parts
+        ids = sequence[:, start + 1 : n]  # x_{t+1} for t = start..n-2, (1, m)
+        feats = self.target.features[start : n - 1][None].to(self.head.fc.weight.dtype)  # (1, m, H)
+        positions = torch.arange(start, n - 1, device=ids.device)[None]  # (1, m)
+        predicted = self.head(parts.embed(ids), feats, positions, self.cache)  # (1, m, H)
+        self.real = n - 1
+        self._nodes = [predicted[0, -1]]
+        self.forward_calls += 1
+
+    def _read_level(self, sequence: torch.Tensor, tree: DraftTree, first: int, last: int) -> None:
+        """Feed nodes first..last - 1 (one level, depth >= 1) under the tree mask."""
+        n, seen = sequence.size(1), self.cache.get_seq_length()
+        if first != len(self._nodes) or seen != n - 2 + first:
+            raise ValueError(f"nodes {first}..{last - 1} fed out of order: the head holds "
+                             f"{len(self._nodes)} nodes and {seen} cache entries")
+        rows = range(first, last)
+        device = sequence.device
+        ids = torch.tensor([[tree.tokens[j] for j in rows]], device=device)  # (1, m)
+        feats = torch.stack([self._nodes[tree.parents[j]] for j in rows])[None]  # (1, m, H)
+        positions = torch.tensor([[n - 2 + tree.depths[j] for j in rows]], device=device)  # (1, m)
+        allowed = torch.zeros(len(rows), seen + len(rows), dtype=torch.bool)  # (m, keys)
+        allowed[:, : n - 1] = True  # the real entries, the root's included
+        for row, node in enumerate(rows):
+            for ancestor in tree.lineage(node)[:-1]:  # the node and its ancestors but the root
+                allowed[row, n - 2 + ancestor] = True
+        predicted = self.head(self.target.parts.embed(ids), feats, positions, self.cache, allowed)
+        self._nodes.extend(predicted[0])  # (m, H) row by row
+        self.forward_calls += 1
+
+    @torch.no_grad()
+    def forward(self, sequence: torch.Tensor, tree: DraftTree, first: int, last: int) -> torch.Tensor:
+        """Logits of nodes first..last - 1, (last - first, V), from their predicted features."""
+        if first == 0:
+            self._blind = self.target.features.size(0) == 0
+            if self._blind:  # a new sequence: the first round drafts from a uniform q
+                self.cache, self.real, self._nodes = self.head.new_cache(), 0, []
+            else:
+                self._read_real(sequence)
+        vocab = self.target.parts.lm_head.weight.size(0)
+        if self._blind:
+            return torch.zeros(last - first, vocab, device=sequence.device)
+        if first > 0:
+            self._read_level(sequence, tree, first, last)
+        return self.target.parts.logits(torch.stack(self._nodes[first:last])).float()  # (m, V)
+
+    def keep(self, slots: list[int]) -> None:
+        """Drop every entry built on a predicted feature (the nodes'): EAGLE's stable cache.
+
+        Raises:
+            ValueError: when the target holds no features after a round (the decoder's
+                target is another source).
+        """
+        if slots and self.target.features.size(0) == 0:
+            raise ValueError("the target holds no features after a round: pass this source's "
+                             "FeatureTreeForward to the tree decoder as target_model")
+        self._keep_real(self.real)
+        self._nodes = []
