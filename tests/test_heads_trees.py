@@ -150,3 +150,20 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="pass this source's FeatureTreeForward"):
         tree_speculative_generate(other, draft, torch.tensor([[1, 2, 3]]), max_new_tokens=8,
                                   widths=(2, 1), sampling=GREEDY)
+
+
+def test_committed_tree_report_is_exact_and_ranks_the_heads():
+    """specdec_ref/data/head-trees-tiny-cpu.json (python -m specdec_ref.bench.head_trees): every
+    greedy arm is the target's own output on every prompt, and EAGLE's head gives more tokens
+    per target pass than the separate draft in the same chain and trees (the method's claim)."""
+    from specdec_ref.reports import read_report
+
+    results = read_report("head-trees-tiny-cpu.json")["results"]
+    prompts = read_report("head-trees-tiny-cpu.json")["meta"]["prompts"]
+    for shapes in results.values():
+        for modes in shapes.values():
+            assert modes["greedy"]["matches_target_greedy"] == f"{prompts}/{prompts}"
+    for shape in results["EAGLE head"]:
+        for mode in ("greedy", "T=0.7, sampled children"):
+            eagle = results["EAGLE head"][shape][mode]["tokens_per_target_call"]
+            assert eagle > results["separate draft"][shape][mode]["tokens_per_target_call"], (shape, mode)
