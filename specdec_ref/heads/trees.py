@@ -144,11 +144,12 @@ class EagleTreeSource(TreeSource):
     accepted positions with the target's real features.
     """
 
-    def __init__(self, head: EagleHead, target: FeatureTreeForward) -> None:
+    def __init__(self, head: EagleHead, target: FeatureTreeForward, parts: TargetParts | None = None) -> None:
         if not isinstance(target, FeatureTreeForward):
             raise TypeError("target must be the heads.trees.FeatureTreeForward passed to the tree "
                             f"decoder as target_model, got {type(target).__name__}")
         self.head, self.target = head, target
+        self.parts = parts or target.parts  # a reduced draft vocabulary, or the target's
         self.model = target.model  # the weights the decoder checks (vocabulary, device)
         self.cache, self.real = head.new_cache(), 0  # entries 0..real - 1 read real features
         self.forward_calls = 0  # passes through the head
@@ -216,7 +217,7 @@ class EagleTreeSource(TreeSource):
             return torch.zeros(last - first, vocab, device=sequence.device)
         if first > 0:
             self._read_level(sequence, tree, first, last)
-        return self.target.parts.logits(torch.stack(self._nodes[first:last])).float()  # (m, V)
+        return self.parts.logits(torch.stack(self._nodes[first:last])).float()  # (m, V)
 
     def keep(self, slots: list[int]) -> None:
         """Drop every entry built on a predicted feature (the nodes'): EAGLE's stable cache.
