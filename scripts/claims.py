@@ -31,9 +31,9 @@ import difflib
 import json
 import re
 import sys
-from datetime import datetime
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 

@@ -203,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         expected = expected_cells(path, notebook["cells"], url, branch)
         metadata = expected_metadata(notebook["metadata"])
         pairs = zip(notebook["cells"], expected, strict=False)
-        same = len(notebook["cells"]) == len(expected) and all(_normalise(a["source"]) == _normalise(b["source"]) for a, b in pairs)
+        same = len(notebook["cells"]) == len(expected) and all(
+            _normalise(a["source"]) == _normalise(b["source"]) for a, b in pairs)
         if same and metadata == notebook["metadata"]:
             continue
         stale.append(path.relative_to(ROOT).as_posix())
