@@ -33,6 +33,7 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,9 @@ TEMPLATE = ROOT / "scripts" / "claims.in.md"
 PAGE = ROOT / "book" / "claims.md"
 README = ROOT / "README.md"
 README_TEMPLATE = ROOT / "scripts" / "readme.in.md"  # the prose after the table
+# The other pages written from a template: the intro (its table's run times) and the
+# article's errata.
+PAGES = ((ROOT / "scripts" / "errata.in.md", ROOT / "book" / "errata.md"),)
 GLUE_MIME = "application/papermill.record/text/plain"
 PLACEHOLDER = re.compile(r"\{\{(nb|data|calc):([^{}]+)\}\}")
 ROW = re.compile(r"\{\{#:([\w-]+)\}\}")
@@ -73,6 +77,10 @@ class Sources:
             if not path.is_file():
                 raise ClaimsError(f"no notebook {stem!r} (looked for {path})")
             values = {}
+            try:  # `_run_seconds`: the committed run's wall time, where it is recorded
+                values["_run_seconds"] = run_seconds(path)
+            except ClaimsError:
+                pass
             for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
                 for output in cell.get("outputs", []):
                     name = output.get("metadata", {}).get("scrapbook", {}).get("name")
@@ -97,6 +105,19 @@ class Sources:
                     raise ClaimsError(f"no report {name!r} in {self.data}")
                 self._reports[name] = json.loads(path.read_text())
         return self._reports[name]
+
+
+def run_seconds(path: Path) -> float:
+    """Wall seconds of a notebook's committed run: its first cell's start to its last's end.
+
+    nbclient records each cell's times in its metadata (`execution`); a notebook never
+    executed has none, and then this is an error that names it."""
+    times = sorted(datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+                   for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]
+                   for stamp in cell.get("metadata", {}).get("execution", {}).values())
+    if not times:
+        raise ClaimsError(f"{path.name} records no execution times (execute it with nbconvert)")
+    return (times[-1] - times[0]).total_seconds()
 
 
 def lookup(value: Any, path: str, *, where: str = "") -> Any:
@@ -242,9 +263,14 @@ def readme_text(readme: str, src: Sources, template: Path = README_TEMPLATE) -> 
 
 
 def outputs(src: Sources, template: Path = TEMPLATE, page: Path = PAGE, readme: Path = README) -> dict[Path, str]:
-    """{file: the text --write gives it}."""
-    return {page: fill(template.read_text(encoding="utf-8"), src),
-            readme: readme_text(readme.read_text(encoding="utf-8"), src)}
+    """{file: the text --write gives it}: the claims page, README's table and, for the
+    repository's own claims page, the other generated pages (PAGES)."""
+    texts = {page: fill(template.read_text(encoding="utf-8"), src),
+             readme: readme_text(readme.read_text(encoding="utf-8"), src)}
+    if page == PAGE:
+        texts.update({out: fill(source.read_text(encoding="utf-8"), src)
+                      for source, out in PAGES})
+    return texts
 
 
 def stale(expected: dict[Path, str]) -> list[str]:

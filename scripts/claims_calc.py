@@ -294,3 +294,43 @@ def best_k_rows(src: Sources, mode: str, lean: bool, impl: str = "specdec_ref") 
 
 CALCS.update({function.__name__: function for function in (
     best_k_rows, bench_alpha, bench_model_k, bench_model_speedup, break_even_alpha, h200_over_floor)})
+
+
+# --- the machines of the committed reports (the intro's "machines" section) -------------
+
+
+def report_cpu(src: Sources, name: str) -> str:
+    """The processor a report names, or what it recorded of the machine."""
+    meta = src.report(name).get("meta", {})
+    for key in ("cpu_model", "processor", "device_name", "machine", "cpu"):
+        value = meta.get(key)
+        if value and value not in ("cpu", "x86_64"):
+            return str(value)
+    return "not recorded (x86_64)"
+
+
+def report_isa(src: Sources, name: str) -> str:
+    """The instruction sets a report recorded, or what its setting proves of them."""
+    meta = src.report(name).get("meta", {})
+    flags = meta.get("cpu_flags")
+    if flags:
+        return ", ".join(flags) if isinstance(flags, list) else str(flags)
+    if meta.get("linear") == "packed" and meta.get("dtype") == "bfloat16":
+        return "AVX-512 BF16 or AMX (its prepacked bfloat16 ran only there)"
+    return "not recorded"
+
+
+def report_setting(src: Sources, name: str) -> str:
+    """dtype and threads of a report's run, as a phrase."""
+    meta = src.report(name).get("meta", {})
+    threads = meta.get("threads")
+    count = f"{threads} thread" + ("s" if threads != 1 else "") if threads else "threads not recorded"
+    return f"{meta.get('dtype', 'dtype not recorded')}, {count}"
+
+
+def report_date(src: Sources, name: str) -> str:
+    date = src.report(name).get("meta", {}).get("date")
+    return str(date)[:10] if date else "not recorded"
+
+
+CALCS.update({function.__name__: function for function in (report_cpu, report_isa, report_setting, report_date)})

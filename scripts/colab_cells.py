@@ -12,6 +12,11 @@ writes the same values into each notebook under `notebooks/`:
 * the set-up cell (tagged `colab-setup`, the first code cell): on Colab only, it
   installs the package from the repository; then it picks and loads the model pair,
   and says which and why;
+* the "On Colab" note (tagged `colab-note`, the cell right after the set-up cell): what
+  a Colab reader should expect, the pair loaded, the download each fresh runtime
+  repeats, and a predicted time on a T4 with its basis (the chapter's passes, counted
+  by scripts/colab_passes.py into book/data/colab-passes.json, at the step times of
+  the H200 sweep in specdec_ref/data/size-sweep-cuda.json);
 * the notebook's metadata asks Colab for a GPU runtime (a T4, the free tier's), so
   "Open in Colab" starts where the article's pair runs, not on a CPU.
 
@@ -24,6 +29,7 @@ import argparse
 import base64
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 import yaml
@@ -98,6 +104,39 @@ pair = open_pair(PAIR)
 print(pair.describe())'''
 
 
+NOTE_TAG = "colab-note"
+PASSES = ROOT / "book" / "data" / "colab-passes.json"
+SWEEP = ROOT / "specdec_ref" / "data" / "size-sweep-cuda.json"
+# The sweep's points with GPT-2 XL's and GPT-2's shapes (layers x width).
+XL, GPT2 = "48 x 1600", "12 x 768"
+# What a chapter loads on Colab beyond the article's pair, by its number.
+EXTRA = {
+    "09": " It also downloads Pythia-160m (about 0.3 GB), a draft with another tokenizer.",
+    "10": " Its draft heads are trained for the tiny target only (heads for gpt2-xl cannot"
+          " be trained here), so it runs the tiny target on Colab too.",
+}
+
+
+def note_source(notebook: Path) -> str:
+    """The "On Colab" note of one chapter, its predicted T4 time computed from its passes."""
+    passes = json.loads(PASSES.read_text()).get(notebook.stem)
+    points = {p["name"]: p for p in json.loads(SWEEP.read_text())["points"]}
+    target_ms = 1000 * points[XL]["target_step_s"]
+    draft_ms = 1000 * points[GPT2]["target_step_s"]
+    text = ("**On Colab.** With a GPU this chapter loads gpt2 -> gpt2-xl (float16 on a T4,"
+            " bfloat16 on an A100 or L4). Every chapter opens a fresh runtime and downloads"
+            " the pair again, about 6.2 GB." + EXTRA.get(notebook.stem[:2], ""))
+    if passes is None:
+        return textwrap.fill(text + " Its time on a T4 is not estimated yet.", 88)
+    minutes = (passes["target"] * target_ms + passes["draft"] * draft_ms) / 60_000
+    estimate = "under a minute" if minutes < 1 else f"about {minutes:.0f} minutes"
+    return textwrap.fill(
+        text + f" After that, a T4 should take {estimate}: a prediction, from the chapter's"
+        f" passes (at least {passes['target']:,} target and {passes['draft']:,} draft ones,"
+        " counted on the CPU in `book/data/colab-passes.json`) at the H200 sweep's step"
+        f" times, {target_ms:.1f} ms and {draft_ms:.1f} ms, which host overhead sets.", 88)
+
+
 # What Colab reads from a notebook's metadata to choose the runtime it opens.
 COLAB_METADATA = {"accelerator": "GPU", "colab": {"gpuType": "T4", "provenance": []}}
 
@@ -128,6 +167,14 @@ def expected_cells(notebook: Path, cells: list[dict], url: str, branch: str) -> 
     if len(setup) != 1 or setup[0] is not first_code:
         raise ValueError(f"{notebook.name}: the first code cell, and only it, must carry the tag {SETUP_TAG!r}")
     setup[0]["source"] = _as_source(setup_source(url, branch))
+    # The "On Colab" note: the markdown cell right after the set-up cell.
+    at = cells.index(setup[0]) + 1
+    note = {"cell_type": "markdown", "metadata": {"tags": [NOTE_TAG]}, "source": []}
+    if at < len(cells) and NOTE_TAG in cells[at].get("metadata", {}).get("tags", []):
+        note = cells[at]
+    else:
+        cells.insert(at, note)
+    note["source"] = _as_source(note_source(notebook))
     return cells
 
 
@@ -155,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         notebook = json.loads(path.read_text())
         expected = expected_cells(path, notebook["cells"], url, branch)
         metadata = expected_metadata(notebook["metadata"])
-        pairs = zip(notebook["cells"], expected, strict=True)
-        same = all(_normalise(a["source"]) == _normalise(b["source"]) for a, b in pairs)
+        pairs = zip(notebook["cells"], expected, strict=False)
+        same = len(notebook["cells"]) == len(expected) and all(
+            _normalise(a["source"]) == _normalise(b["source"]) for a, b in pairs)
         if same and metadata == notebook["metadata"]:
             continue
         stale.append(path.relative_to(ROOT).as_posix())

@@ -3,8 +3,9 @@
 A page is a notebook in notebooks/ or a Markdown page in book/. Its prose is the text of
 its Markdown cells (a notebook) or of the file (a page), less what a reader does not read
 as prose: fenced code, directives' option lines, display math, HTML comments, images,
-tables' rule lines and MyST targets. Every remaining whitespace-separated token counts as
-a word (inline math and glued values included). Learning goals are the bullets under the
+tables' rule lines and MyST targets. Every remaining whitespace-separated token with a
+letter or a digit counts as a word (inline math and glued values included; a directive's
+title, such as "Solution to exercise 4.1", is read and counted). Learning goals are the bullets under the
 heading or rubric "What you'll learn".
 
     python scripts/page_words.py          # a table of every page in the table of contents
@@ -26,6 +27,7 @@ OTHER_LIMIT = 4500
 GOAL_LIMIT = 5
 
 _FENCE = re.compile(r"^(\s*)(`{3,}|~{3,}|:{3,})")
+_ALNUM = re.compile(r"[A-Za-z0-9]")
 _IMAGE = re.compile(r"\[?!\[[^\]]*\]\([^)]*\)(\]\([^)]*\))?")
 
 
@@ -39,7 +41,7 @@ def page_text(path: Path) -> str:
 
 def words(path: Path) -> int:
     """The prose words of a page."""
-    return len(prose_text(page_text(path)).split())
+    return sum(1 for token in prose_text(page_text(path)).split() if _ALNUM.search(token))
 
 
 def prose_text(markdown: str) -> str:
@@ -75,6 +77,8 @@ def prose_text(markdown: str) -> str:
             rest = stripped[len(marker):]
             closing = marker
             keep_body = rest.startswith("{") and not rest.startswith(("{code", "{math", "{eval"))
+            if keep_body:  # a directive's title ("Solution to exercise 4.1") is read too
+                kept.append(rest.partition("}")[2])
             continue
         if (stripped.startswith("(") and stripped.endswith(")=")) or re.fullmatch(r"\|?[-:| ]+\|?", stripped or "x"):
             continue
@@ -97,16 +101,18 @@ def goals(path: Path) -> int:
 
 
 def toc_pages() -> list[tuple[str, Path]]:
-    """(part caption, file) for every page of _toc.yml, in order."""
-    pages, part = [], "root"
-    for line in (ROOT / "_toc.yml").read_text().splitlines():
-        if m := re.match(r"\s*- caption:\s*(.+)", line):
-            part = m.group(1).strip()
-        elif m := re.match(r"\s*-?\s*file:\s*(\S+)", line) or re.match(r"^root:\s*(\S+)", line):
-            stem = ROOT / m.group(1)
-            found = [p for p in (stem.with_suffix(".ipynb"), stem.with_suffix(".md")) if p.exists()]
-            if found:
-                pages.append(("root" if line.startswith("root") else part, found[0]))
+    """(part caption, file) for every page of _toc.yml, in order ("root" for the root)."""
+    import yaml
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    entries = [("root", toc["root"])] + [(part["caption"], chapter["file"])
+                                         for part in toc["parts"] for chapter in part["chapters"]]
+    pages = []
+    for part, name in entries:
+        stem = ROOT / name
+        found = [p for p in (stem.with_suffix(".ipynb"), stem.with_suffix(".md")) if p.exists()]
+        if found:
+            pages.append((part, found[0]))
     return pages
 
 

@@ -1,4 +1,4 @@
-"""Audit a decoder for exactness: do its first tokens follow the target's law? (chapter 4)
+"""Audit a decoder for exactness: do its first tokens follow the target's law? (chapter 11)
 
 A speculative decoder is exact when what it emits is distributed as the target's
 own sampling would be. `audit` checks this for any generate-like callable

@@ -1,4 +1,4 @@
-"""Audit every emitted token for exactness, at any vocabulary (chapter 4).
+"""Audit every emitted token for exactness, at any vocabulary (chapter 11).
 
 `audit` enumerates the law of the first m tokens, so V ** m must stay small: on a real
 vocabulary it sees one token, often the one a plain target pass samples, and never

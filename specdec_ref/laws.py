@@ -1,4 +1,4 @@
-"""The exact laws an exactness audit compares with, on a small enumerable pair (chapter 4).
+"""The exact laws an exactness audit compares with, on a small enumerable pair (chapters 4 and 11).
 
 A speculative decoder is exact when its output follows the law of the target's own
 sampling. This module computes that law, and the law a speculative rule actually

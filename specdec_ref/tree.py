@@ -121,16 +121,21 @@ def confident_counts(confidence: torch.Tensor, scores: torch.Tensor,
     return torch.bincount(chosen // values.size(1), minlength=len(scores)).tolist()
 
 
+# How a sampling tree's children are chosen: drawn from q without replacement, or
+# the top-w tokens of q (EAGLE-2's trees), verified as point masses.
+CHILDREN = ("sampled", "top-k")
+
+
 @torch.no_grad()
 def draft_tree(draft: TreeSource, sequence: torch.Tensor,
                widths: tuple[int, ...] | ConfidentShape, sampling: SamplingConfig,
-               generator: torch.Generator | None = None) -> DraftTree:
+               generator: torch.Generator | None = None, children: str = "sampled") -> DraftTree:
     """Grow a tree of shape `widths` after `sequence` (1, n).
 
     One draft pass per level. Sampling draws each node's children from its
-    q without replacement (`tree_verify.draw_children`); greedy takes the
-    draft's top-w tokens. A `ConfidentShape` gives each node of a level as
-    many children as `confident_counts` allots it.
+    q without replacement (`tree_verify.draw_children`); greedy, or
+    children="top-k", takes the draft's top-w tokens. A `ConfidentShape` gives
+    each node of a level as many children as `confident_counts` allots it.
     """
     tree = DraftTree.rooted(int(sequence[0, -1]))
     confident = isinstance(widths, ConfidentShape)
@@ -145,8 +150,9 @@ def draft_tree(draft: TreeSource, sequence: torch.Tensor,
         if confident:  # the draft's own probabilities, at temperature 1 if greedy
             conf = (logits.double().softmax(-1) if q is None else q.double()).cpu()
             counts = confident_counts(conf, scores, level, widths.top)
-        if sampling.greedy:
-            top = logits.topk(min(max(counts), logits.size(-1)), dim=-1)
+        if sampling.greedy or children == "top-k":
+            ranked = logits if q is None else q  # top-k of q: never a token q rules out
+            top = ranked.topk(min(max(counts), logits.size(-1)), dim=-1)
             kids = [row[:w] for row, w in zip(top.indices.tolist(), counts, strict=True)]
         else:
             kids = [children[:w] for children, w in
@@ -177,6 +183,7 @@ def tree_speculative_step(
     sampling: SamplingConfig,
     generator: torch.Generator | None = None,
     eos: set[int] = frozenset(),
+    children: str = "sampled",
 ) -> tuple[torch.Tensor, TreeRecord, bool]:
     """One draft-verify-accept iteration over a tree; both caches compacted.
 
@@ -187,7 +194,7 @@ def tree_speculative_step(
     n = sequence.size(1)
     # 1. Draft the tree (no draft pass for a tree of depth 0).
     root = int(sequence[0, -1])
-    tree = draft_tree(draft, sequence, widths, sampling, generator) \
+    tree = draft_tree(draft, sequence, widths, sampling, generator, children) \
         if widths else DraftTree.rooted(root)
     # 2. One target pass over the unseen committed tokens and every node.
     logits = target.forward(sequence, tree, 0, len(tree.tokens))  # (N + 1, V)
@@ -195,8 +202,8 @@ def tree_speculative_step(
     p = logits if sampling.greedy else logits_to_probs(logits, sampling)  # (N + 1, V)
     # 3. The sibling rule, from the root down.
     q = torch.stack(tree.q) if tree.q else p[:0]  # (E, V)
-    path, last, tried = verify_tree(tree.tokens, tree.children, p, q,
-                                    generator, greedy=sampling.greedy)
+    path, last, tried = verify_tree(tree.tokens, tree.children, p, q, generator,
+                                    greedy=sampling.greedy, one_hot=children == "top-k")
     emitted = [tree.tokens[node] for node in path] + [last]
     block = close_block(emitted, len(path), n, eos)  # cut after an EOS
     new = torch.tensor([block.emitted], dtype=sequence.dtype,
@@ -257,6 +264,7 @@ def tree_speculative_generate(
     sampling: SamplingConfig = SamplingConfig(),
     generator: torch.Generator | None = None,
     eos_token_id: int | list[int] | torch.Tensor | None = None,
+    children: str = "sampled",
 ) -> GenerationOutput:
     """Generate with the draft proposing a tree and the target verifying it.
 
@@ -273,6 +281,9 @@ def tree_speculative_generate(
         sampling: temperature / top-k / top-p for both models; 0 is greedy.
         generator: the only source of randomness.
         eos_token_id: stop right after any of these tokens (None: never).
+        children: when sampling, "sampled" draws each node's children from q
+            without replacement; "top-k" takes q's top tokens (EAGLE-2), judged
+            as point masses (`tree_verify.one_hot_step`). Both are exact.
 
     Returns:
         A `GenerationOutput`; its trace holds a `TreeRecord` per iteration,
@@ -285,16 +296,24 @@ def tree_speculative_generate(
             cache cannot hold the prompt and `max_new_tokens`.
     """
     widths = check_widths(widths)
-    if not isinstance(draft_model, (PreTrainedModel, TreeLogitsSource)):
-        raise TypeError("draft_model must be a transformers PreTrainedModel or a "
-                        f"fast.lean.LeanForward or fast.StaticForward, got {type(draft_model).__name__}")
-    draft_weights = draft_model.model if isinstance(draft_model, TreeLogitsSource) \
+    if children not in CHILDREN:
+        raise ValueError(f"children must be one of {CHILDREN}, got {children!r}")
+    if not isinstance(draft_model, (PreTrainedModel, TreeLogitsSource, TreeSource)):
+        raise TypeError("draft_model must be a transformers PreTrainedModel, a "
+                        "fast.lean.LeanForward or fast.StaticForward, or a tree source "
+                        f"(heads.trees.MedusaTreeSource), got {type(draft_model).__name__}")
+    draft_weights = draft_model.model if isinstance(draft_model, (TreeLogitsSource, TreeSource)) \
         else draft_model
-    models = {"target_model": target_model, "draft_model": draft_weights}
+    target_weights = target_model.model if isinstance(target_model, TreeSource) else target_model
+    models = {"target_model": target_weights, "draft_model": draft_weights}
     check_generation_args(models, input_ids, max_new_tokens, sampling,
                           generator)
     target = tree_source(target_model, "target_model")
     draft = tree_source(draft_model, "draft_model")
+    if isinstance(target_model, TreeSource):  # built by the caller: a fresh sequence
+        target.keep([])
+    # A source built by the caller may have run before: count this call's passes.
+    target_before, draft_before = target.forward_calls, draft.forward_calls
     # A TreeLogitsSource's buffers must hold the whole output, as in the chain.
     check_capacity("draft_model", draft.capacity,
                    input_ids.size(1) + max_new_tokens)
@@ -311,11 +330,11 @@ def tree_speculative_generate(
             depth -= 1
         sequence, record, hit_eos = tree_speculative_step(
             target, draft, sequence, widths[:depth] if depth else (), sampling,
-            generator, eos)
+            generator, eos, children)
         stats.count_block(record)
         trace.append(record)
         if hit_eos:
             break
-    stats.target_calls = target.forward_calls
-    stats.draft_calls = draft.forward_calls
+    stats.target_calls = target.forward_calls - target_before
+    stats.draft_calls = draft.forward_calls - draft_before
     return GenerationOutput(sequence, stats, trace)

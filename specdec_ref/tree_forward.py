@@ -290,13 +290,16 @@ class LeanTreeForward(TreeSource):
 
 
 def tree_source(model: PreTrainedModel | TreeLogitsSource, name: str = "model") -> TreeSource:
-    """The tree source for a model: `LeanTreeForward` for a `TreeLogitsSource`
+    """The tree source for a model: the model itself when it is one (a
+    `heads.trees` source), `LeanTreeForward` for a `TreeLogitsSource`
     (a `fast.LeanForward`, as `fast.prepare` makes for a draft on a CPU, or a
     `fast.StaticForward`), else `TreeForward`.
 
     Raises:
         TypeError: for anything else; ValueError: naming `name`, for a model
             whose tree passes are not exact (`tree_unsupported`)."""
+    if isinstance(model, TreeSource):  # a source built by the caller (heads.trees)
+        return model
     if isinstance(model, TreeLogitsSource):
         return LeanTreeForward(model)
     if isinstance(model, PreTrainedModel):

@@ -140,6 +140,27 @@ def sibling_step(
     return None, int(sample(p_i, generator)), len(children)
 
 
+def one_hot_step(p: torch.Tensor, children: list[int],
+                 generator: torch.Generator | None = None) -> tuple[int | None, int, int]:
+    """The sibling rule for children chosen, not drawn: the draft's top-w tokens
+    (EAGLE-2's trees, Li et al. 2024b). Child x_i is a proposal from the point
+    mass at x_i, so chapter 4's step accepts it with probability
+    min(1, p_i(x_i) / 1) = p_i(x_i), and after a rejection the residual
+    normalize(max(0, p_i - one-hot(x_i))) is p_i with x_i removed. Exact by the
+    same induction as `sibling_step`: each proposal is fixed before the uniform
+    that judges it. Returns what `sibling_step` returns."""
+    device = draw_device(generator)
+    p_i = p.to(device, torch.float64)  # (V,)
+    for i, x in enumerate(children):
+        u = torch.rand((), dtype=torch.float64, device=device, generator=generator)
+        if u < p_i[x]:
+            return i, x, i + 1
+        p_i = p_i.clone()
+        p_i[x] = 0  # the residual: x removed, the rest renormalised
+        p_i = p_i / p_i.sum()
+    return None, int(sample(p_i, generator)), len(children)
+
+
 def verify_tree(
     tokens: list[int],
     children: list[list[int]],
@@ -149,6 +170,7 @@ def verify_tree(
     *,
     greedy: bool = False,
     rule: str = "exact",
+    one_hot: bool = False,
 ) -> tuple[list[int], int, list[int]]:
     """Walk down a draft tree from its root, node 0.
 
@@ -161,6 +183,8 @@ def verify_tree(
         generator: the only source of randomness.
         greedy: follow the target's argmax instead of the sibling rule.
         rule: one of `RULES` (sampling only).
+        one_hot: the children were the draft's top tokens, not draws from q
+            (`one_hot_step`; sampling only).
 
     Returns:
         (the accepted nodes, root to deepest; the token emitted after them,
@@ -184,9 +208,9 @@ def verify_tree(
             tried.append(0)
             return path, int(sample(p[node], generator)), tried
         else:
-            index, token, count = sibling_step(
-                p[node], q[node], [tokens[c] for c in kids], generator,
-                rule=rule)
+            index, token, count = one_hot_step(p[node], [tokens[c] for c in kids], generator) \
+                if one_hot else sibling_step(p[node], q[node], [tokens[c] for c in kids],
+                                             generator, rule=rule)
             tried.append(count)
             if index is None:
                 return path, token, tried
@@ -237,6 +261,25 @@ def sibling_outcomes(p: torch.Tensor, q: torch.Tensor, width: int, *,
     return accepted, corrected
 
 
+def one_hot_outcomes(p: torch.Tensor, q: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What `one_hot_step` does at one node, by exact enumeration: the children are
+    q's top `width` tokens (as `tree.draft_tree` takes them). Returns what
+    `sibling_outcomes` returns."""
+    p = p.double()
+    accepted, corrected = torch.zeros_like(p), torch.zeros_like(p)  # (V,)
+    p_i, reach = p, 1.0
+    for x in q.double().topk(min(width, q.numel())).indices.tolist():
+        accepted[x] += reach * float(p_i[x])
+        reach *= 1 - float(p_i[x])
+        if reach == 0:
+            return accepted, corrected
+        p_i = p_i.clone()
+        p_i[x] = 0
+        p_i = p_i / p_i.sum()
+    corrected.add_(reach * p_i)
+    return accepted, corrected
+
+
 def sibling_law(p: torch.Tensor, q: torch.Tensor, width: int, *,
                 rule: str = "exact") -> torch.Tensor:
     """The law of the token emitted at one node (accepted child or
@@ -249,7 +292,7 @@ def sibling_law(p: torch.Tensor, q: torch.Tensor, width: int, *,
 def tree_law(target_model: PreTrainedModel, draft_model: PreTrainedModel,
              input_ids: torch.Tensor, widths: tuple[int, ...], *,
              sampling: SamplingConfig = SamplingConfig(), num_tokens: int = 1,
-             rule: str = "exact") -> dict[tuple[int, ...], float]:
+             rule: str = "exact", children: str = "sampled") -> dict[tuple[int, ...], float]:
     """The exact law of the tree decoder's first `num_tokens` tokens.
 
     Follows `tree.tree_speculative_generate` with max_new_tokens =
@@ -258,6 +301,8 @@ def tree_law(target_model: PreTrainedModel, draft_model: PreTrainedModel,
     the block, and the next block's tree is cut to the budget left. One
     pass of each model per context, as `laws.target_law` makes (keep
     V ** num_tokens small).
+
+    children="top-k" follows the trees of q's top tokens (`one_hot_outcomes`).
 
     Returns:
         {tokens: probability} (float64); "exact" gives `laws.target_law`.
@@ -297,7 +342,8 @@ def tree_law(target_model: PreTrainedModel, draft_model: PreTrainedModel,
             for y in p.nonzero().flatten().tolist():
                 emit(context + (y,), mass * float(p[y]))
             return
-        accepted, corrected = sibling_outcomes(p, q, levels[0], rule=rule)
+        accepted, corrected = one_hot_outcomes(p, q, levels[0]) if children == "top-k" \
+            else sibling_outcomes(p, q, levels[0], rule=rule)
         for y in corrected.nonzero().flatten().tolist():
             emit(context + (y,), mass * float(corrected[y]))
         for x in accepted.nonzero().flatten().tolist():

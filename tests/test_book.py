@@ -31,6 +31,7 @@ CHAPTER_MODULES = {
     "07-beyond-one-sequence": "specdec_ref.batched specdec_ref.lookup",
     "08-trees-of-drafts": "specdec_ref.tree specdec_ref.tree_verify specdec_ref.tree_model",
     "09-drafts-with-another-tokenizer": "specdec_ref.vocab specdec_ref.cross_drafting specdec_ref.vocab_law",
+    "11-auditing-a-sampler": "specdec_ref.audit specdec_ref.audit_tokens",
 }
 
 

@@ -143,10 +143,10 @@ def rows(page: str) -> list[dict[str, str]]:
 
 
 def test_claims_page_is_the_appendix_in_the_toc():
-    """book/claims is a page of the book, in a part captioned "Appendix"."""
+    """book/claims is a page of the book, in the part captioned "Appendices"."""
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     parts = {part.get("caption"): [c["file"] for c in part["chapters"]] for part in toc["parts"]}
-    assert CLAIMS in parts.get("Appendix", []), parts
+    assert CLAIMS in parts.get("Appendices", []), parts
 
 
 def test_claims_table_has_at_least_15_claims(rows):

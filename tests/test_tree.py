@@ -13,8 +13,18 @@ from specdec_ref import SamplingConfig, speculative_generate
 from specdec_ref.audit_tokens import audit_every_token
 from specdec_ref.kv_cache import forward_keywords
 from specdec_ref.laws import law_tv, small_random_pair, target_law
+from specdec_ref.rejection import residual_distribution
 from specdec_ref.tree import DraftTree, TreeForward, tree_speculative_generate, tree_speculative_step
-from specdec_ref.tree_verify import draw_children, sibling_law, sibling_step, tree_law, verify_tree, without
+from specdec_ref.tree_verify import (
+    draw_children,
+    one_hot_outcomes,
+    one_hot_step,
+    sibling_law,
+    sibling_step,
+    tree_law,
+    verify_tree,
+    without,
+)
 
 GREEDY = SamplingConfig(temperature=0.0)
 WARM = SamplingConfig()
@@ -244,3 +254,51 @@ def test_bad_arguments_are_checked_as_the_chain_does():
         tree_speculative_generate(target, draft, torch.tensor([[0]]), max_new_tokens=-1)
     with pytest.raises(TypeError, match="sampling"):
         tree_speculative_generate(target, draft, torch.tensor([[0]]), max_new_tokens=2, sampling=1.0)
+
+
+@pytest.mark.parametrize("sampling", [WARM, SamplingConfig(0.7, top_k=3)])
+def test_top_k_children_are_exact(sampling):
+    """EAGLE-2's trees, the draft's top-w tokens judged as point masses: by enumeration the
+    first 3 tokens follow the target's law to 1e-12 for several shapes; judging the same
+    children as draws from q (the sibling rule) would not be."""
+    target, draft = small_random_pair(5, seed=1)
+    prompt = torch.tensor([[0, 1]])
+    expected = target_law(target, prompt, sampling, 3)
+    for widths in [(1,), (2, 2), (3, 1), (4, 3)]:
+        law = tree_law(target, draft, prompt, widths, sampling=sampling, num_tokens=3, children="top-k")
+        assert max(abs(law.get(o, 0.0) - expected.get(o, 0.0)) for o in set(law) | set(expected)) < 1e-12
+    p = torch.tensor([0.04, 0.0, 0.2, 0.06, 0.7]).double()
+    q = torch.tensor([0.3, 0.2, 0.0, 0.45, 0.05]).double()
+    accepted, corrected = one_hot_outcomes(p, q, 2)
+    assert torch.allclose(accepted + corrected, p, atol=1e-12)
+    assert accepted.nonzero().flatten().tolist() == [0, 3]  # q's top two tokens
+    # The sibling rule on q's top two tokens, as if they had been drawn from q, is off.
+    biased, p_i, reach = torch.zeros(5, dtype=torch.float64), p.clone(), 1.0
+    for i, x in enumerate([3, 0]):
+        q_i = without(q, [3, 0][:i])
+        accept = min(1.0, float(p_i[x] / q_i[x]))
+        biased[x] += reach * accept
+        reach *= 1 - accept
+        p_i = residual_distribution(p_i, q_i)
+    biased += reach * p_i
+    assert float((biased - p).abs().sum()) / 2 > 0.05
+
+
+def test_one_hot_step_samples_its_enumerated_law():
+    """The implementation: 6,000 draws of `one_hot_step` follow `one_hot_outcomes` (chi-square)."""
+    p = torch.tensor([0.04, 0.0, 0.2, 0.06, 0.7])
+    q = torch.tensor([0.3, 0.2, 0.0, 0.45, 0.05])
+    generator = torch.Generator().manual_seed(2)
+    counts = torch.zeros(5)
+    for _ in range(6000):
+        counts[one_hot_step(p, [3, 0, 1], generator)[1]] += 1
+    accepted, corrected = one_hot_outcomes(p, q, 3)
+    law = accepted + corrected
+    assert chisquare(counts[law > 0], 6000 * law[law > 0]).pvalue > 1e-3
+
+
+def test_children_must_be_named():
+    target, draft = small_random_pair(5, seed=1)
+    with pytest.raises(ValueError, match="children must be one of"):
+        tree_speculative_generate(target, draft, torch.tensor([[0, 1]]), max_new_tokens=4, widths=(2,),
+                                  children="top-p")

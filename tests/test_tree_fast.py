@@ -214,10 +214,10 @@ def test_confident_shape_greedy_matches_generate(close_pair, shape):
     assert max(sizes) <= sum(shape.levels)
 
 
-def pruned_draft_tree(draft, sequence, widths, sampling, generator=None):
+def pruned_draft_tree(draft, sequence, widths, sampling, generator=None, children="sampled"):
     """EAGLE-2's rerank, done wrong for sampling: draw the root's children, then drop every
     child but the first whose own q is below 0.1 (its presence now depends on its draw)."""
-    tree = tree_module.original_draft_tree(draft, sequence, widths, sampling, generator)
+    tree = tree_module.original_draft_tree(draft, sequence, widths, sampling, generator, children)
     kept = DraftTree.rooted(tree.tokens[0])
     kept.q = tree.q[:1]
     for node in tree.children[0]:

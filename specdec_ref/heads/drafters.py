@@ -35,7 +35,7 @@ import torch
 from ..drafting import Draft
 from ..sampling import SamplingConfig, logits_to_probs, sample
 from .eagle import EagleHead
-from .features import FeatureSource
+from .features import FeatureSource, TargetParts
 from .medusa import MedusaHeads
 
 
@@ -43,13 +43,17 @@ class HeadDrafter:
     """What both heads' drafters share: the feature source, sampling, the guards."""
 
     def __init__(self, source: FeatureSource, num_draft_tokens: int = 4,
-                 sampling: SamplingConfig | None = None, generator: torch.Generator | None = None) -> None:
+                 sampling: SamplingConfig | None = None, generator: torch.Generator | None = None,
+                 parts: TargetParts | None = None) -> None:
         if not isinstance(source, FeatureSource):
             raise TypeError(f"source must be a heads.FeatureSource over the target (the same one passed "
                             f"to the decoder as target_model), got {type(source).__name__}")
         if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}")
         self.source = source
+        # What the head's logits go through: the target's parts, or a reduced
+        # draft vocabulary over them (`draft_vocab.ReducedParts`).
+        self.parts = parts or source.parts
         self.num_draft_tokens = num_draft_tokens  # the decoder's default K for this drafter
         self.sampling, self.generator = sampling, generator
         self.forward_calls = 0  # the head's passes
@@ -161,8 +165,9 @@ class EagleDrafter(HeadDrafter):
     """EAGLE's head as a `Drafter`: autoregressive on its own features, a stable cache."""
 
     def __init__(self, head: EagleHead, source: FeatureSource, num_draft_tokens: int = 4,
-                 sampling: SamplingConfig | None = None, generator: torch.Generator | None = None) -> None:
-        super().__init__(source, num_draft_tokens, sampling, generator)
+                 sampling: SamplingConfig | None = None, generator: torch.Generator | None = None,
+                 parts: TargetParts | None = None) -> None:
+        super().__init__(source, num_draft_tokens, sampling, generator, parts)
         self.head = head
         self.cache = StableCache(head)
 
@@ -171,7 +176,7 @@ class EagleDrafter(HeadDrafter):
         """`num_draft_tokens` tokens after `input_ids` (1, n), with q (K, V)."""
         if not self.ready(input_ids, vocab_size) or num_draft_tokens < 1:
             return self.empty()
-        n, parts, cache = input_ids.size(1), self.source.parts, self.cache
+        n, parts, cache = input_ids.size(1), self.parts, self.cache
         # 1. The stable cache: only entries of real features, and at least one
         #    position to feed (its output is the first draft's feature).
         cache.keep(n - 2)

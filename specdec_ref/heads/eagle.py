@@ -92,7 +92,7 @@ class EagleHead(nn.Module):
         return DynamicCache(config=self.config)
 
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor,
-                cache: DynamicCache | None = None) -> torch.Tensor:
+                cache: DynamicCache | None = None, allowed: torch.Tensor | None = None) -> torch.Tensor:
         """Predicted features h^_{t+1} from (embedding of x_{t+1}, feature h_t).
 
         Args:
@@ -100,6 +100,8 @@ class EagleHead(nn.Module):
             features: the features h_t (the target's, or the head's own), (B, T, H).
             position_ids: t for each row, shape (B, T).
             cache: the head's KV cache (None: a causal pass over T alone).
+            allowed: which keys each row sees, (T, cached + T) booleans (a tree's
+                mask, `heads.trees`); None: every cached key, then causal.
 
         Returns:
             The predicted features, shape (B, T, H).
@@ -107,7 +109,10 @@ class EagleHead(nn.Module):
         x = self.fc(torch.cat([self.embed_norm(embeds), self.feature_norm(features)], -1))  # (B, T, H)
         mask = None
         seen = cache.get_seq_length() if cache is not None else 0
-        if cache is not None and seen and x.size(1) > 1:
+        if allowed is not None:
+            mask = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device)
+            mask = mask.masked_fill(~allowed.to(x.device), torch.finfo(x.dtype).min)[None, None]
+        elif cache is not None and seen and x.size(1) > 1:
             # New rows see every cached key and the new rows up to themselves
             # (SDPA's own causal flag would align the triangle to the top left).
             rows, keys = x.size(1), seen + x.size(1)
