@@ -62,4 +62,52 @@ def first_token_law(p: torch.Tensor, q: torch.Tensor, rule: str = "typical",
 
 def law_tv(a: torch.Tensor, b: torch.Tensor) -> float:
     """Total-variation distance between two distributions on the same support."""
-    return 0.5 * float((a.double() - b.double()).abs().sum())
+    return 0.5 * float((a.detach().double() - b.detach().double()).abs().sum())
+
+
+@torch.no_grad()
+def naive_generate(target, draft, input_ids: torch.Tensor, *, num_draft_tokens: int, max_new_tokens: int,
+                   sampling, generator: torch.Generator, rule: str = "typical") -> torch.Tensor:
+    """A cache-free speculative decoder with either rule, for audits on small pairs.
+
+    Each round drafts K tokens from `draft` (sampled from q), runs the target once,
+    accepts by `rule` ("typical": Medusa's threshold, then a token from p at the
+    first rejected position; "exact": min(1, p/q), then one from the residual), and
+    emits the bonus from p when every draft is accepted. Returns (1, n + new).
+    """
+    from ..laws import reference_probs
+    from ..rejection import residual_distribution
+    if rule not in ("typical", "exact"):
+        raise ValueError(f"rule must be 'typical' or 'exact', got {rule!r}")
+    ids = input_ids
+    end = input_ids.size(1) + max_new_tokens
+
+    def sample(row: torch.Tensor) -> int:
+        return int(torch.multinomial(row.float(), 1, generator=generator))
+
+    while ids.size(1) < end:
+        drafts, q_rows, ctx = [], [], ids
+        for _ in range(num_draft_tokens):
+            q = reference_probs(draft(ctx).logits[0, -1], sampling)  # (V,)
+            x = sample(q)
+            drafts.append(x)
+            q_rows.append(q)
+            ctx = torch.cat([ctx, torch.tensor([[x]], dtype=ids.dtype)], dim=1)
+        p_rows = reference_probs(target(ctx).logits[0, ids.size(1) - 1:], sampling)  # (K + 1, V)
+        emitted = []
+        for i, x in enumerate(drafts):
+            p, q = p_rows[i], q_rows[i]
+            if rule == "typical":
+                ok = bool(typical_accepts(p, torch.tensor(x)))
+                after = p
+            else:
+                ok = float(torch.rand((), generator=generator, dtype=torch.float64)) < min(1.0, float(p[x] / q[x]))
+                after = residual_distribution(p, q) if not ok else p
+            if not ok:
+                emitted.append(sample(after))
+                break
+            emitted.append(x)
+        else:
+            emitted.append(sample(p_rows[len(drafts)]))
+        ids = torch.cat([ids, torch.tensor([emitted], dtype=ids.dtype)], dim=1)
+    return ids[:, :end]
