@@ -34,8 +34,6 @@ def test_typical_accepts_reads_only_p():
 def test_every_token_audit_rejects_typical_and_passes_exact():
     """48 runs of 48 tokens (2,304, the recommended size) on a random 64-token target
     drafting for itself (64 positions)."""
-    import pytest
-
     from specdec_ref import SamplingConfig
     from specdec_ref.audit_tokens import audit_every_token
     from specdec_ref.heads.typical import naive_generate
