@@ -1,7 +1,8 @@
 """Medusa's "typical acceptance", and the size of the change it makes to the output law.
 
-The rule (FasterDecoding/Medusa, medusa/model/utils.py, `evaluate_posterior`, branch
-`sampling == 'typical'`; the line number was not verified in this session): with
+The rule (FasterDecoding/Medusa at commit 10a2697cd0c2, medusa/model/utils.py,
+`evaluate_posterior`, the branch for temperature > 0, from `posterior_prob = ...` to
+`posterior_mask = candidates_prob > threshold`; line numbers not counted): with
 p = softmax(logits / T) the target's distribution at a drafted position and
 H(p) = -sum p log(p + 1e-5) its entropy, a draft x is accepted when
 
@@ -10,7 +11,8 @@ H(p) = -sum p log(p + 1e-5) its entropy, a draft x is accepted when
 (defaults 0.09 and 0.3 in Medusa's code). The test never reads q: unlike chapter 4's
 min(1, p(x) / q(x)) it cannot correct for what the drafter over-proposes, so the law of
 the output is not p's. `first_token_law` enumerates that law for one drafted position
-(after a rejection the token is drawn from p, the most generous choice for the rule),
+(after a rejection the token is drawn from p, the most generous choice for the rule:
+that commit's next candidate starts from the target's argmax, `generate_candidates`),
 and `law_tv` measures its total-variation distance from p: the size of the change.
 """
 
