@@ -47,7 +47,8 @@ README = ROOT / "README.md"
 README_TEMPLATE = ROOT / "scripts" / "readme.in.md"  # the prose after the table
 # The other pages written from a template: the intro (its table's run times) and the
 # article's errata.
-PAGES = ((ROOT / "scripts" / "errata.in.md", ROOT / "book" / "errata.md"),)
+PAGES = ((ROOT / "scripts" / "intro.in.md", ROOT / "book" / "intro.md"),
+         (ROOT / "scripts" / "errata.in.md", ROOT / "book" / "errata.md"))
 GLUE_MIME = "application/papermill.record/text/plain"
 PLACEHOLDER = re.compile(r"\{\{(nb|data|calc):([^{}]+)\}\}")
 ROW = re.compile(r"\{\{#:([\w-]+)\}\}")
