@@ -169,7 +169,7 @@ def expected_cells(notebook: Path, cells: list[dict], url: str, branch: str) -> 
     setup[0]["source"] = _as_source(setup_source(url, branch))
     # The "On Colab" note: the markdown cell right after the set-up cell.
     at = cells.index(setup[0]) + 1
-    note = {"cell_type": "markdown", "metadata": {"tags": [NOTE_TAG]}, "source": []}
+    note = {"cell_type": "markdown", "id": NOTE_TAG, "metadata": {"tags": [NOTE_TAG]}, "source": []}
     if at < len(cells) and NOTE_TAG in cells[at].get("metadata", {}).get("tags", []):
         note = cells[at]
     else:
