@@ -43,7 +43,7 @@ KERNEL = "specdec-colab"
 PASSES = ("nbval", "half", "colab")
 # A notebook's rough cost relative to the others (seconds of its cells in one bfloat16
 # run on one core), only to start the longest jobs first; one not listed counts 30.
-COSTS = {"09": 165, "08": 65, "10": 60, "05": 45, "11": 45, "06": 30, "04": 25, "07": 25,
+COSTS = {"09": 165, "08": 65, "10": 60, "11": 60, "05": 45, "12": 45, "06": 30, "04": 25, "07": 25,
          "01": 15, "03": 15, "00": 15, "02": 10}
 # Imports the Colab-like kernel must not have: the book's and the tests' tools.
 NOT_ON_COLAB = ("myst_nb", "nbval", "pytest", "jupyter_book", "scipy")

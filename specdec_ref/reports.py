@@ -11,7 +11,7 @@ relative to a notebook or to the repository, so the same call works from a check
 (editable install) and from an installed wheel.
 
 The scripts that write reports (`scripts/batched_throughput.py`, `python -m
-specdec_ref.bench`, chapter 11 with `SPECDEC_FULL=1`) write into `REPORTS_DIR`; in a
+specdec_ref.bench`, chapter 6 with `SPECDEC_FULL=1`) write into `REPORTS_DIR`; in a
 checkout that is the tracked folder, so `git diff` shows what a new run changed.
 """
 

@@ -26,12 +26,14 @@ CHAPTER_MODULES = {
     "04-rejection-sampling-proof": "specdec_ref.rejection",
     "05-bonus-token-and-kv-cache": "specdec_ref.kv_cache",
     "06-performance": "specdec_ref.analysis",
-    "11-measuring-speed-fairly": "specdec_ref.fast.packed specdec_ref.fast.batch_invariant specdec_ref.fast.lean "
+    "12-measuring-speed-fairly": "specdec_ref.fast.packed specdec_ref.fast.batch_invariant specdec_ref.fast.lean "
                                        "specdec_ref.fast",
     "07-beyond-one-sequence": "specdec_ref.batched specdec_ref.lookup",
     "08-trees-of-drafts": "specdec_ref.tree specdec_ref.tree_verify specdec_ref.tree_model",
     "09-drafts-with-another-tokenizer": "specdec_ref.vocab specdec_ref.cross_drafting specdec_ref.vocab_law",
-    "10-auditing-a-sampler": "specdec_ref.audit specdec_ref.audit_tokens",
+    "10-draft-heads": "specdec_ref.heads.eagle specdec_ref.heads.medusa specdec_ref.heads.drafters "
+                      "specdec_ref.heads.trees specdec_ref.heads.typical",
+    "11-auditing-a-sampler": "specdec_ref.audit specdec_ref.audit_tokens",
 }
 
 

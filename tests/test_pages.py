@@ -142,7 +142,7 @@ def unlabelled_solutions(notebook: dict, chapter: int) -> list[str]:
 
 
 def _chapter(path: Path) -> int:
-    """The chapter a notebook belongs to: 6 for 06-performance, 12 for 11-measuring-speed-fairly"""
+    """The chapter a notebook belongs to: 6 for 06-performance, 12 for 12-measuring-speed-fairly"""
     return int(re.match(r"\d+", path.stem).group())
 
 
