@@ -63,8 +63,9 @@ def badge_line(notebook: Path, url: str, branch: str) -> str:
     return f"[![{BADGE_ALT}]({image})]({link})"
 
 
-def setup_source(url: str, branch: str) -> str:
-    """The set-up cell, the same in every chapter (every line within 80 characters).
+def setup_source(url: str, branch: str, pair: str | None = None) -> str:
+    """The set-up cell, the same in every chapter but for its PAIR (every line within
+    80 characters): None lets `open_pair` choose, a name fixes the pair (`FIXED_PAIR`).
 
     On Colab it runs a plain `pip install` of the repository: no `--upgrade`, so pip
     keeps every dependency Colab already ships when that release satisfies the
@@ -99,7 +100,7 @@ if "google.colab" in sys.modules:
 
 from specdec_ref.notebook import open_pair
 
-PAIR = None
+PAIR = {pair}
 pair = open_pair(PAIR)
 print(pair.describe())'''
 
@@ -113,12 +114,20 @@ XL, GPT2 = "48 x 1600", "12 x 768"
 EXTRA = {
     "09": " It also downloads Pythia-160m (about 0.3 GB), a draft with another tokenizer.",
     "10": " Its draft heads are trained for the tiny target only (heads for gpt2-xl cannot"
-          " be trained here), so it runs the tiny target on Colab too.",
+          " be trained on the book's machine).",
 }
+# Chapters whose set-up cell fixes the pair (a repr for the PAIR line), by number.
+FIXED_PAIR = {"10": '"tiny"  # the heads are trained for the tiny target only'}
 
 
 def note_source(notebook: Path) -> str:
     """The "On Colab" note of one chapter, its predicted T4 time computed from its passes."""
+    if notebook.stem[:2] in FIXED_PAIR:
+        return textwrap.fill(
+            "**On Colab.** This chapter runs the tiny pair shipped with the package on any machine,"
+            " GPU or not, and downloads nothing beyond the package." + EXTRA.get(notebook.stem[:2], "")
+            + " Its models are small enough that a GPU gains little over a CPU: expect about the"
+            " time the introduction's table gives for the book's CPU (a guess, not measured).", 88)
     passes = json.loads(PASSES.read_text()).get(notebook.stem)
     points = {p["name"]: p for p in json.loads(SWEEP.read_text())["points"]}
     target_ms = 1000 * points[XL]["target_step_s"]
@@ -166,7 +175,8 @@ def expected_cells(notebook: Path, cells: list[dict], url: str, branch: str) -> 
     first_code = next((c for c in cells if c["cell_type"] == "code"), None)
     if len(setup) != 1 or setup[0] is not first_code:
         raise ValueError(f"{notebook.name}: the first code cell, and only it, must carry the tag {SETUP_TAG!r}")
-    setup[0]["source"] = _as_source(setup_source(url, branch))
+    fixed = FIXED_PAIR.get(notebook.stem[:2], "None")
+    setup[0]["source"] = _as_source(setup_source(url, branch, fixed))
     # The "On Colab" note: the markdown cell right after the set-up cell.
     at = cells.index(setup[0]) + 1
     note = {"cell_type": "markdown", "id": NOTE_TAG, "metadata": {"tags": [NOTE_TAG]}, "source": []}

@@ -238,8 +238,8 @@ def law_tv(first: Mapping[tuple[int, ...], float], second: Mapping[tuple[int, ..
 
 
 def small_random_pair(vocab_size: int = 8, *, seed: int = 0, width: int = 32, init_range: float = 0.5,
-                      positions: int = 64) -> tuple[PreTrainedModel, PreTrainedModel]:
-    """A random-init GPT-2 target (2 layers) and draft (1 layer) on a small vocabulary.
+                      positions: int = 64, family: str = "gpt2") -> tuple[PreTrainedModel, PreTrainedModel]:
+    """A random-init target (2 layers) and draft (1 layer) on a small vocabulary.
 
     Independent random weights make p and q differ a lot, which is what an audit
     needs; a small vocabulary makes the exact laws enumerable.
@@ -251,24 +251,35 @@ def small_random_pair(vocab_size: int = 8, *, seed: int = 0, width: int = 32, in
         init_range: the standard deviation of the random weights; larger
             spreads the logits, so p and q differ more.
         positions: the longest sequence the models take.
+        family: "gpt2" or "llama" (rotary positions and RMS norms, the family
+            EAGLE's head is built from, chapter 10).
 
     Returns:
         (target_model, draft_model), float32, eval mode; the last token id is
         BOS / EOS / padding, and `generate` never stops early (no EOS).
 
     Raises:
-        ValueError: if `vocab_size` is not an integer >= 2.
+        ValueError: if `vocab_size` is not an integer >= 2, or for another family.
     """
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     check_integer("vocab_size", vocab_size, minimum=2)
+    if family not in ("gpt2", "llama"):
+        raise ValueError(f"family must be 'gpt2' or 'llama', got {family!r}")
+    special = dict(bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1, pad_token_id=None,
+                   initializer_range=init_range)
     models = []
     for layers, offset in ((2, 0), (1, 1)):
         torch.manual_seed(seed * 2 + offset)
-        config = GPT2Config(vocab_size=vocab_size, n_positions=positions, n_embd=width, n_layer=layers, n_head=2,
-                            bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1, pad_token_id=None,
-                            initializer_range=init_range)
-        model = GPT2LMHeadModel(config).eval()
+        if family == "gpt2":
+            config = GPT2Config(vocab_size=vocab_size, n_positions=positions, n_embd=width, n_layer=layers,
+                                n_head=2, **special)
+            model = GPT2LMHeadModel(config).eval()
+        else:
+            config = LlamaConfig(vocab_size=vocab_size, hidden_size=width, intermediate_size=2 * width,
+                                 num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
+                                 max_position_embeddings=positions, **special)
+            model = LlamaForCausalLM(config).eval()
         # Never stop early in `generate`: the audit counts a fixed number of tokens.
         model.generation_config.eos_token_id = None
         model.generation_config.pad_token_id = vocab_size - 1

@@ -229,3 +229,19 @@ def test_shipped_head_matches_target_greedy(kind):
     # Held out, the card measures alpha 0.81 (EAGLE) and 0.28 (Medusa); untrained heads accept
     # next to nothing.
     assert out.stats.per_token_acceptance > {"eagle": 0.5, "medusa": 0.1}[kind], out.stats
+
+
+def test_small_random_pair_builds_the_llama_family_the_eagle_head_needs():
+    """chapter 10's toy target: `small_random_pair(family="llama")` takes an EAGLE head; a
+    GPT-2 target is refused by name, and so is an unknown family."""
+    from specdec_ref.laws import small_random_pair
+
+    llama, draft = small_random_pair(5, seed=1, family="llama")
+    assert type(llama).__name__ == "LlamaForCausalLM" and llama.config.num_hidden_layers == 2
+    assert draft.config.num_hidden_layers == 1
+    EagleHead.for_target(llama)  # builds
+    gpt2, _ = small_random_pair(5, seed=1)
+    with pytest.raises(ValueError, match="Llama-family"):
+        EagleHead.for_target(gpt2)
+    with pytest.raises(ValueError, match="family must be"):
+        small_random_pair(5, family="bert")

@@ -172,7 +172,8 @@ class EagleDrafter(HeadDrafter):
         self.cache = StableCache(head)
 
     @torch.no_grad()
-    def draft(self, input_ids: torch.Tensor, num_draft_tokens: int, vocab_size: int) -> Draft:
+    def draft(self, input_ids: torch.Tensor, num_draft_tokens: int,
+              vocab_size: int) -> Draft:
         """`num_draft_tokens` tokens after `input_ids` (1, n), with q (K, V)."""
         if not self.ready(input_ids, vocab_size) or num_draft_tokens < 1:
             return self.empty()
@@ -183,24 +184,27 @@ class EagleDrafter(HeadDrafter):
         start = cache.real
         ids = input_ids[:, start + 1 : n]  # x_{t+1} for t = start..n-2, (1, m)
         feats = self.source.features[start : n - 1][None]  # h_t, (1, m, H)
-        positions = torch.arange(start, n - 1, device=ids.device)[None]  # (1, m)
-        predicted = self.head(parts.embed(ids), feats.to(self.head.fc.weight.dtype), positions,
+        feats = feats.to(self.head.fc.weight.dtype)
+        positions = torch.arange(start, n - 1, device=ids.device)[None]
+        predicted = self.head(parts.embed(ids), feats, positions,
                               cache.kv)[:, -1:]  # h^_{n-1}, (1, 1, H)
         cache.real = n - 1
         self.forward_calls += 1
         tokens, probs = [], []
         for i in range(num_draft_tokens):
-            token, q = self.choose(parts.logits(predicted)[0], i)  # (1,), (1, V)
+            logits = parts.logits(predicted)[0]  # (1, V)
+            token, q = self.choose(logits, i)  # (1,), (1, V)
             tokens.append(token)
             probs.append(q)
             if i + 1 == num_draft_tokens:
                 break
-            # 2. Draft on its own feature: (h^_t, drafted x_{t+1}) at position t.
-            position = torch.tensor([[n - 1 + i]], device=ids.device)  # (1, 1)
+            # 2. Draft on its own feature: (h^_t, drafted x_{t+1}) at t.
+            position = torch.tensor([[n - 1 + i]], device=ids.device)
             embed = parts.embed(token.view(1, 1).to(ids.device))  # (1, 1, H)
-            predicted = self.head(embed, predicted, position, cache.kv)  # (1, 1, H)
+            predicted = self.head(embed, predicted, position, cache.kv)
             self.forward_calls += 1
-        return Draft(torch.cat(tokens).to(input_ids.device), torch.cat(probs))  # (K,), (K, V)
+        tokens_ = torch.cat(tokens).to(input_ids.device)  # (K,)
+        return Draft(tokens_, torch.cat(probs))  # (K,), (K, V)
 
     def rollback(self, length: int) -> None:
         """Drop every entry built on a predicted feature, and any past `length` - 1."""
