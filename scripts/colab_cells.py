@@ -138,7 +138,12 @@ def note_source(notebook: Path) -> str:
     if passes is None:
         return textwrap.fill(text + " Its time on a T4 is not estimated yet.", 88)
     minutes = (passes["target"] * target_ms + passes["draft"] * draft_ms) / 60_000
-    estimate = "under a minute" if minutes < 1 else f"about {minutes:.0f} minutes"
+    if minutes < 1:
+        estimate = "under a minute"
+    elif round(minutes) == 1:
+        estimate = "about a minute"
+    else:
+        estimate = f"about {minutes:.0f} minutes"
     return textwrap.fill(
         text + f" After that, a T4 should take {estimate}: a prediction, from the chapter's"
         f" passes (at least {passes['target']:,} target and {passes['draft']:,} draft ones,"
