@@ -18,6 +18,7 @@ from specdec_ref.bench.costs import (
     measure_rounds,
     reference_costs,
 )
+from specdec_ref.bench.scale import SizePoint
 from specdec_ref.reports import read_report
 
 META = {"pair": "random", "dtype": "float32", "threads": 1, "context": 64, "rounds": 2, "repeats": 1,
@@ -88,7 +89,7 @@ def test_committed_reference_is_seven_rounds_of_the_tiny_pair_at_one_thread():
 
 def test_within_noise_is_overlap_of_the_ranges():
     """Two v(K) whose ranges overlap are within noise; disjoint ones are not."""
-    data = {"meta": {"clock": "x"}, "rounds": [{}],
+    data = {"meta": {"clock": "x"}, "rounds": [{"c": 0.1, "verify_cost": {"0": 1.0, "1": 1.2, "2": 1.25}}],
             "summary": {"c": {"median": 0.1, "min": 0.1, "max": 0.1},
                         "tau_p": {"median": 1.0, "min": 1.0, "max": 1.0},
                         "tau_q": {"median": 0.1, "min": 0.1, "max": 0.1},
@@ -97,6 +98,17 @@ def test_within_noise_is_overlap_of_the_ranges():
                                         "2": {"median": 1.25, "min": 1.2, "max": 1.4}}}}
     costs = costs_from_report(data)
     assert costs.within_noise(1, 2) and not costs.within_noise(0, 1)
+
+
+def test_near_best_keeps_the_k_whose_speedup_range_reaches_the_best():
+    """A K is near the best when its S(K) with v(K) at its bottom reaches the best's S with v at its top."""
+    # Two rounds that agree on v(1), v(2) = 1 and disagree on v(3): 1 or 3.
+    points = [SizePoint("r", 1, 1.0, 0.1, {0: 1.0, 1: 1.0, 2: 1.0, 3: v}) for v in (1.0, 3.0)]
+    costs = costs_from_report(costs_report(points, META))
+    assert costs.best_k_by_round(0.9, max_k=3) == [3, 2]
+    low, high = costs.speedup_range(0.9, 3)
+    assert low < high and costs.speedup_range(0.9, 2)[0] == costs.speedup_range(0.9, 2)[1]
+    assert costs.near_best(0.9, max_k=3) == [2, 3]  # K = 1 falls short of the best's (K = 2) range
 
 
 def test_cpu_flags_keeps_only_the_listed_instruction_sets():

@@ -30,6 +30,7 @@ import torch
 import transformers
 from transformers import PreTrainedModel
 
+from ..analysis import expected_speedup, optimal_draft_length
 from ..reports import REPORTS_DIR, read_report
 from ..timing import cpu_name
 from .scale import SizePoint, measure_size
@@ -53,12 +54,29 @@ class ReferenceCosts:
     target_step_range: tuple[float, float]  # (min, max) of tau_p
     draft_step_range: tuple[float, float]  # (min, max) of tau_q
     rounds: int  # how many rounds the medians are over
+    per_round: tuple[tuple[float, dict[int, float]], ...]  # (c, v(K)) of each round
     clock: str  # the meta.clock: "thread_time: ..." (CPU time) or "perf_counter: ..." (wall)
 
     def within_noise(self, k: int, other: int) -> bool:
         """Whether v(k) and v(other) are inside each other's range: no ranking between them."""
         (low, high), (low2, high2) = self.verify_cost_range[k], self.verify_cost_range[other]
         return low <= high2 and low2 <= high
+
+    def speedup_range(self, alpha: float, k: int) -> tuple[float, float]:
+        """S(K) at the median c with v(K) at the top and at the bottom of its range."""
+        low, high = self.verify_cost_range[k]
+        return (expected_speedup(alpha, k, self.cost_ratio, {k: high}),
+                expected_speedup(alpha, k, self.cost_ratio, {k: low}))
+
+    def near_best(self, alpha: float, *, max_k: int = MAX_K) -> list[int]:
+        """The K in 1..max_k whose `speedup_range` reaches that of the best K at the medians."""
+        best = optimal_draft_length(alpha, self.cost_ratio, max_k=max_k, verify_cost=self.verify_cost)
+        floor = self.speedup_range(alpha, best)[0]
+        return [k for k in range(1, max_k + 1) if self.speedup_range(alpha, k)[1] >= floor]
+
+    def best_k_by_round(self, alpha: float, *, max_k: int = MAX_K) -> list[int]:
+        """The best K of each round, from that round's own c and v(K)."""
+        return [optimal_draft_length(alpha, c, max_k=max_k, verify_cost=v) for c, v in self.per_round]
 
 
 def cpu_flags(cpuinfo: str | None = None) -> list[str]:
@@ -115,7 +133,8 @@ def costs_from_report(data: Mapping) -> ReferenceCosts:
         target_step_s=summary["tau_p"]["median"], draft_step_s=summary["tau_q"]["median"],
         cost_ratio_range=pair(summary["c"]), verify_cost_range={k: pair(v) for k, v in verify.items()},
         target_step_range=pair(summary["tau_p"]), draft_step_range=pair(summary["tau_q"]),
-        rounds=len(data["rounds"]), clock=data["meta"]["clock"])
+        rounds=len(data["rounds"]), clock=data["meta"]["clock"],
+        per_round=tuple((r["c"], {int(k): v for k, v in r["verify_cost"].items()}) for r in data["rounds"]))
 
 
 def reference_costs(name: str = REPORT) -> ReferenceCosts:
