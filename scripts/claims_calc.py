@@ -9,6 +9,7 @@ the appendix's derived figures follow the same code as the chapters.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -240,11 +241,24 @@ def bench_alpha(src: Sources, lean: bool, mode: str = "greedy", report: str = BE
     return arm["alpha_per_token"]
 
 
-def _bench_costs(src: Sources, lean: bool, report: str = BENCH) -> tuple[float, dict[int, float]]:
-    """(c, {K: v(K)}) of a benchmark report: the lean draft's c or the `transformers` draft's."""
+def _bench_costs(src: Sources, lean: bool, report: str = BENCH, flat: bool = False) -> tuple[float, dict[int, float]]:
+    """(c, {K: v(K)}) of a benchmark report: the lean draft's c or the `transformers` draft's.
+
+    flat: every v(K), K >= 1, replaced by their mean (`bench_v_mean`): the report's v(K) were
+    timed once, and their differences between K are within the noise of that timing."""
     data = src.report(report)
     c = data["lean_cost_ratio" if lean else "cost_ratio"]
-    return c, {int(k): float(v) for k, v in data["verify_cost"].items()}
+    v = {int(k): float(x) for k, x in data["verify_cost"].items()}
+    if flat:
+        mean = bench_v_mean(src, report=report)
+        v = {k: (x if k == 0 else mean) for k, x in v.items()}
+    return c, v
+
+
+def bench_v_mean(src: Sources, which: str = "mean", report: str = BENCH) -> float:
+    """The mean of a benchmark's v(K) over K >= 1, or their "min" or "max"."""
+    values = [float(x) for k, x in src.report(report)["verify_cost"].items() if int(k) >= 1]
+    return {"mean": statistics.fmean, "min": min, "max": max}[which](values)
 
 
 def bench_model_k(src: Sources, lean: bool, alpha: float = 0.0, max_k: int = 8, report: str = BENCH) -> int:
@@ -279,6 +293,32 @@ def break_even_alpha(src: Sources, lean: bool, max_k: int = 8, report: str = BEN
                 if max(analysis.expected_speedup(a / 1000, k, c, v) for k in range(1, max_k + 1)) > 1)
 
 
+def flat_model_k(src: Sources, lean: bool, alpha: float = 0.0) -> int:
+    """`bench_model_k` with the benchmark's v(K) replaced by their mean over K (a flat v)."""
+    from specdec_ref import analysis
+
+    c, v = _bench_costs(src, lean, flat=True)
+    return analysis.optimal_draft_length(alpha or bench_alpha(src, lean), c, max_k=max(v), verify_cost=v)
+
+
+def flat_model_speedup(src: Sources, lean: bool, alpha: float = 0.0) -> float:
+    """The model's speedup at `flat_model_k`, with the flat v."""
+    from specdec_ref import analysis
+
+    c, v = _bench_costs(src, lean, flat=True)
+    alpha = alpha or bench_alpha(src, lean)
+    return analysis.expected_speedup(alpha, flat_model_k(src, lean, alpha), c, v)
+
+
+def flat_break_even_alpha(src: Sources, lean: bool, max_k: int = 8) -> float:
+    """`break_even_alpha` with the flat v."""
+    from specdec_ref import analysis
+
+    c, v = _bench_costs(src, lean, flat=True)
+    return next(a / 1000 for a in range(1, 1001)
+                if max(analysis.expected_speedup(a / 1000, k, c, v) for k in range(1, max_k + 1)) > 1)
+
+
 def h200_over_floor(src: Sources, which: str = "", name: str = "") -> float:
     """An eager bf16 step of the H200 sweep over its bandwidth floor (its weights read once at 4.8 TB/s):
     one target's (`name`), or the "min" / "max" over the sweep."""
@@ -293,7 +333,8 @@ def best_k_rows(src: Sources, mode: str, lean: bool, impl: str = "specdec_ref") 
 
 
 CALCS.update({function.__name__: function for function in (
-    best_k_rows, bench_alpha, bench_model_k, bench_model_speedup, break_even_alpha, h200_over_floor)})
+    best_k_rows, bench_alpha, bench_model_k, bench_model_speedup, break_even_alpha, h200_over_floor,
+    bench_v_mean, flat_model_k, flat_model_speedup, flat_break_even_alpha)})
 
 
 # --- the machines of the committed reports (the intro's "machines" section) -------------

@@ -19,6 +19,8 @@ a laptop CPU and at full size on a GPU.
 from __future__ import annotations
 
 import copy
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -124,7 +126,8 @@ class LatencyCurve:
 @torch.no_grad()
 def measure_pass_latency(model: PreTrainedModel, *, context: int,
                          num_tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
-                         repeats: int = 10, warmup: int = 2, seed: int = 0) -> LatencyCurve:
+                         repeats: int = 10, warmup: int = 2, seed: int = 0,
+                         clock: Callable[[], float] = time.perf_counter) -> LatencyCurve:
     """Time one KV-cached forward pass over m new tokens after `context` cached ones, for each m.
 
     The pass is the one the decoder runs (`kv_cache.CachedForward`, m logits kept), and
@@ -139,6 +142,7 @@ def measure_pass_latency(model: PreTrainedModel, *, context: int,
         num_tokens: the pass sizes m to time.
         repeats: timed passes of each size; warmup: untimed passes of each size first.
         seed: seed of the random token ids.
+        clock: passed to `time_call` (wall time by default).
 
     Returns:
         A `LatencyCurve`.
@@ -170,7 +174,8 @@ def measure_pass_latency(model: PreTrainedModel, *, context: int,
     samples: list[list[float]] = [[] for _ in num_tokens]
     for _ in range(repeats):
         for i, m in enumerate(num_tokens):
-            samples[i] += time_call(lambda m=m: one_pass(m), repeats=1, warmup=0, device=device).samples
+            samples[i] += time_call(lambda m=m: one_pass(m), repeats=1, warmup=0, device=device,
+                                    clock=clock).samples
     timings = tuple(Timing(tuple(times)) for times in samples)
     dtype = next(model.parameters()).dtype
     return LatencyCurve(str(dtype), context, tuple(num_tokens), timings)

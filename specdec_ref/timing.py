@@ -64,6 +64,7 @@ def time_call(
     repeats: int = 10,
     warmup: int = 2,
     device: torch.device | str | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Timing:
     """Time `fn()` `repeats` times after `warmup` untimed calls.
 
@@ -72,6 +73,9 @@ def time_call(
         repeats: timed calls (>= 1).
         warmup: untimed calls first (caches, allocator, lazy initialisation).
         device: synchronized before and after each call when it is a GPU.
+        clock: seconds as a float; wall time by default. `time.thread_time` (the
+            calling thread's CPU time) ignores the time other processes hold the
+            core, but it counts CPU work only: with one torch thread, on a CPU.
 
     Returns:
         A `Timing` with the per-call seconds.
@@ -85,10 +89,10 @@ def time_call(
     synchronize(device)
     samples = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         fn()
         synchronize(device)
-        samples.append(time.perf_counter() - start)
+        samples.append(clock() - start)
     return Timing(tuple(samples))
 
 

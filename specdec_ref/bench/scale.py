@@ -20,7 +20,8 @@ import argparse
 import datetime
 import json
 import platform
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -74,7 +75,8 @@ def sized_target(layers: int, width: int, *, vocab: int, device: torch.device | 
 
 
 def measure_size(draft_model: PreTrainedModel, target_model: PreTrainedModel, *, name: str, context: int = 64,
-                 max_k: int = 8, repeats: int = 5, draft_step_s: float | None = None) -> SizePoint:
+                 max_k: int = 8, repeats: int = 5, draft_step_s: float | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> SizePoint:
     """Time the target's passes over 1..max_k + 1 new tokens, and the draft's 1-token pass.
 
     Args:
@@ -84,11 +86,14 @@ def measure_size(draft_model: PreTrainedModel, target_model: PreTrainedModel, *,
         max_k: v(K) is measured for K = 0..max_k.
         repeats: timed passes of each size (medians are kept).
         draft_step_s: tau_q when already measured (the draft is the same for every size).
+        clock: passed to `measure_pass_latency` (wall time by default; `bench.costs`
+            passes `time.thread_time` at one thread).
     """
     curve = measure_pass_latency(target_model, context=context, num_tokens=tuple(range(1, max_k + 2)),
-                                 repeats=repeats, warmup=1)
+                                 repeats=repeats, warmup=1, clock=clock)
     if draft_step_s is None:
-        draft_curve = measure_pass_latency(draft_model, context=context, num_tokens=(1,), repeats=3 * repeats)
+        draft_curve = measure_pass_latency(draft_model, context=context, num_tokens=(1,), repeats=3 * repeats,
+                                           clock=clock)
         draft_step_s = draft_curve.median_s[0]
     parameters = sum(p.numel() for p in target_model.parameters())
     return SizePoint(name, parameters, curve.median_s[0], draft_step_s,
