@@ -1,14 +1,15 @@
 """Medusa's "typical acceptance", and the size of the change it makes to the output law.
 
-The rule (FasterDecoding/Medusa at commit 10a2697cd0c2, medusa/model/utils.py,
-`evaluate_posterior`, the branch for temperature > 0, from `posterior_prob = ...` to
-`posterior_mask = candidates_prob > threshold`; line numbers not counted): with
+The rule (FasterDecoding/Medusa at commit 10a2697, medusa/model/utils.py lines 274-321,
+`evaluate_posterior`: `posterior_prob = ...` at line 310 to
+`posterior_mask = candidates_prob > threshold` at line 321): with
 p = softmax(logits / T) the target's distribution at a drafted position and
 H(p) = -sum p log(p + 1e-5) its entropy, a draft x is accepted when
 
     p(x) > min(posterior_threshold, posterior_alpha * exp(-H(p)))
 
-(defaults 0.09 and 0.3 in Medusa's code). The test never reads q: unlike chapter 4's
+(defaults 0.09 and 0.3: `medusa_generate`, medusa/model/medusa_model.py lines 221
+and 223). The test never reads q: unlike chapter 4's
 min(1, p(x) / q(x)) it cannot correct for what the drafter over-proposes, so the law of
 the output is not p's. `first_token_law` enumerates that law for one drafted position
 (after a rejection the token is drawn from p, the most generous choice for the rule:
