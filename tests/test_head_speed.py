@@ -66,3 +66,29 @@ def test_arms_without_a_generate_baseline_are_refused():
         run(arms=["EAGLE chain K=4"])
     with pytest.raises(ValueError, match="arms"):
         run(arms=["generate sdpa", "EAGLE tree (9,9)"])
+
+
+@pytest.mark.slow
+def test_fast_path_heads_read_the_prepared_target_and_stay_exact(tmp_path):
+    """`--path fast`: the pair prepared (chapter 12), the heads in its dtype; three generate
+    baselines; the heads' greedy output is the prepared target's own."""
+    out = tmp_path / "fast.json"
+    arms = ["generate sdpa", "generate eager", "generate float32", "draft chain K=4", "EAGLE chain K=4",
+            "EAGLE tree (2,2,1,1)"]
+    with torch_threads():
+        main(["--path", "fast", "--prompts", "1", "--max-new-tokens", "8", "--rounds", "1", "--threads", "1",
+              "--cost-repeats", "2", "--arms", *arms, "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["meta"]["path"] == "fast" and report["meta"]["dtype"] in ("bfloat16", "float32")
+    for arm, row in report["modes"]["greedy"]["arms"].items():
+        if not arm.startswith("generate"):
+            assert row["matches_generate"] == "1/1", arm
+    assert report["modes"]["greedy"]["fastest_generate"]["wall"] in arms[:3]
+
+
+def test_float32_baseline_belongs_to_the_fast_path():
+    """The as-loaded path has no third baseline, and refuses it by name; an unknown path too."""
+    with pytest.raises(ValueError, match="generate float32"):
+        run(1, 4, 1, ["generate sdpa", "generate float32"])
+    with pytest.raises(ValueError, match="path must be"):
+        run(1, 4, 1, ["generate sdpa"], path="gpu")

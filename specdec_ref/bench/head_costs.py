@@ -31,11 +31,14 @@ def pass_costs(models: Models, prefix: torch.Tensor, repeats: int = 20) -> dict[
     (3 untimed rounds first): the target over 1, 5, 15, 45 rows, the draft model and EAGLE's
     head over 1..16 rows, Medusa's heads (all of them) once."""
     target, n = models.target, prefix.size(1)
-    target.set_attn_implementation("sdpa")
+    if models.baselines is None:  # as loaded: the heads' passes run with sdpa
+        target.set_attn_implementation("sdpa")
     filler = prefix.repeat(1, 2)  # tokens to feed after the prefix, (1, 2n)
     steps = {}
     for name, model, rows in (("target", target, (1, 5, 15, 45)), ("draft", models.draft, (1, 2, 4, 8, 16))):
-        source = CachedForward(model)
+        # a logits source already (the fast path's lean draft), or a model to wrap
+        source = model if hasattr(model, "last_logits") else CachedForward(model)
+        source.rollback(0)  # a new sequence: the lean draft kept the last arm's
         source.last_logits(prefix, 1)
         for m in rows:
             longer = torch.cat([prefix, filler[:, :m]], 1)  # (1, n + m)
@@ -55,6 +58,15 @@ def pass_costs(models: Models, prefix: torch.Tensor, repeats: int = 20) -> dict[
         return parts.logits(head(parts.embed(filler[:, :m]), feats[None, -m:], positions, cache))  # (1, m, V)
 
     steps.update({f"eagle_{m}": lambda m=m: eagle_pass(m) for m in (1, 2, 4, 8, 16)})
+    lean, lean_cache = models.lean_eagle, models.lean_eagle.new_cache()
+    lean(parts.embed(prefix[:, 1:]), feats[None, :-1], torch.arange(n - 1)[None], lean_cache)
+
+    def lean_pass() -> torch.Tensor:  # one drafted row, as a chain drafts
+        lean_cache.crop(n - 1)
+        position = torch.tensor([[n - 1]])
+        return parts.logits(lean(parts.embed(filler[:, :1]), feats[None, -1:], position, lean_cache))
+
+    steps["eagle-lean_1"] = lean_pass
     steps["medusa"] = lambda: [models.medusa.logits(feats[-1:], parts, k) for k in range(len(models.medusa))]
     samples: dict[str, list[float]] = {name: [] for name in steps}
     for r in range(3 + repeats):

@@ -4,7 +4,14 @@
 (`training.corpus.held_out_prompts`, 32 tokens each), greedy and at T = 0.7, the arms of
 `bench.head_trees` (the separate draft, Medusa's heads and EAGLE's head; chains of K = 4
 and trees, sampled children at T = 0.7) beside the target's own `generate` (sdpa and
-eager attention; the faster is "the fastest generate"). Everything in float32 as loaded.
+eager attention; the faster is "the fastest generate"). `--path as-loaded` runs everything
+in float32 as loaded; `--path fast` puts the pair on chapter 12's fast CPU path first
+(`fast.prepare`: bfloat16 where the CPU computes it, prepacked linear layers, the target's
+grouped eager attention, the lean draft) and the heads in that dtype, prepacked: the
+feature hook reads the prepared target's final norm as it reads the plain one. Its
+baselines are then `generate` on float32 as loaded (sdpa), on a prepacked bfloat16 copy
+(sdpa) and on the prepared target (grouped eager): the fastest of the three is "the
+fastest generate".
 
 Protocol: one untimed warm-up of every arm, then `rounds` rounds of all arms in a
 round-robin order moved by one arm per round, each arm generating every prompt; per round
@@ -21,6 +28,7 @@ It writes `specdec_ref/data/head-speed-tiny-cpu.json`.
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import json
 import statistics
@@ -32,9 +40,12 @@ import torch
 import transformers
 
 from ..decoder import GenerationStats, speculative_generate
+from ..fast.packed import pack_linear_layers
+from ..fast.prepared import cast, prepare
 from ..heads.drafters import EagleDrafter, MedusaDrafter
 from ..heads.eagle import EagleHead
 from ..heads.features import FeatureSource
+from ..heads.lean_eagle import LeanEagle
 from ..heads.medusa import MedusaHeads
 from ..heads.trees import EagleTreeSource, FeatureTreeForward, MedusaTreeSource
 from ..models import TINY_DIR, load_pair
@@ -50,9 +61,10 @@ CHAIN = (1, 1, 1, 1)  # K = 4 drafts in a row
 # Arm id -> (drafter, widths; for `generate` the attention instead).
 ARMS = {"generate sdpa": ("generate", "sdpa"), "generate eager": ("generate", "eager"),
         "draft chain K=4": ("draft", CHAIN), "draft tree (2,2,1,1)": ("draft", (2, 2, 1, 1)),
-        "EAGLE chain K=4": ("eagle", CHAIN), "EAGLE tree (2,2,1,1)": ("eagle", (2, 2, 1, 1)),
+        "EAGLE chain K=4": ("eagle", CHAIN), "EAGLE lean chain K=4": ("eagle-lean", CHAIN), "EAGLE tree (2,2,1,1)": ("eagle", (2, 2, 1, 1)),
         "EAGLE tree (4,2,2,1)": ("eagle", (4, 2, 2, 1)),
-        "Medusa chain K=4": ("medusa", CHAIN), "Medusa tree (2,2,1,1)": ("medusa", (2, 2, 1, 1))}
+        "Medusa chain K=4": ("medusa", CHAIN), "Medusa tree (2,2,1,1)": ("medusa", (2, 2, 1, 1)),
+        "generate float32": ("generate", "sdpa")}  # the fast path's third baseline
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 
@@ -60,10 +72,36 @@ FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 class Models:
     """The tiny pair and the heads shipped for its target."""
 
-    target: torch.nn.Module  # the target, float32 as loaded
-    draft: torch.nn.Module  # the separate draft model
+    target: torch.nn.Module  # the target, float32 as loaded (or prepared: `path`)
+    draft: torch.nn.Module  # the separate draft model (or its lean source)
     eagle: EagleHead  # EAGLE's head (pairs/tiny/eagle-head)
     medusa: MedusaHeads  # Medusa's heads (pairs/tiny/medusa-heads)
+    lean_eagle: LeanEagle  # EAGLE's head run lean (`heads.lean_eagle`), chains only
+    path: str = "as-loaded"  # or "fast": the target's attention is fixed, not switched
+    baselines: dict | None = None  # fast path: generate arm -> the model it runs
+
+
+def load_models(path: str) -> tuple[Models, object]:
+    """The pair and the heads on `path` ("as-loaded" or "fast"), and the tokenizer."""
+    if path not in ("as-loaded", "fast"):
+        raise ValueError(f"path must be 'as-loaded' or 'fast', got {path!r}")
+    draft, target, tokenizer = load_pair("tiny", device="cpu")
+    baselines = None
+    if path == "fast":
+        plain = copy.deepcopy(target)  # float32 as loaded, sdpa
+        packed = copy.deepcopy(target)  # the prepared dtype and layers, sdpa
+        fast = prepare(draft, target)  # in place: dtype, packing, grouped attention
+        cast(packed, target.dtype)
+        pack_linear_layers(packed)
+        baselines = {"generate sdpa": packed, "generate eager": target,
+                     "generate float32": plain}
+        draft = fast.draft
+    eagle = EagleHead.load(TINY_DIR / "eagle-head", target)
+    medusa = MedusaHeads.load(TINY_DIR / "medusa-heads", target)
+    if path == "fast":
+        pack_linear_layers(eagle)
+        pack_linear_layers(medusa)
+    return Models(target, draft, eagle, medusa, LeanEagle(eagle), path, baselines), tokenizer
 
 
 def generate(models: Models, arm: str, prompt: torch.Tensor, sampling: SamplingConfig,
@@ -71,10 +109,14 @@ def generate(models: Models, arm: str, prompt: torch.Tensor, sampling: SamplingC
     """One generation of `arm` on `prompt` (1, n): the sequence and the decoder's stats."""
     kind, shape = ARMS[arm]
     target = models.target
-    # The heads' path and the separate draft run on the target's attention as loaded (sdpa).
-    attention = shape if kind == "generate" else "sdpa"
-    if target.config._attn_implementation != attention:
-        target.set_attn_implementation(attention)
+    if models.baselines is not None:  # the fast path: each generate arm has its model
+        if kind == "generate":
+            target = models.baselines[arm]
+    else:
+        # The heads' path and the separate draft run on the target's attention as loaded (sdpa).
+        attention = shape if kind == "generate" else "sdpa"
+        if target.config._attn_implementation != attention:
+            target.set_attn_implementation(attention)
     if kind == "generate":
         torch.manual_seed(seed)
         with torch.no_grad():
@@ -84,10 +126,13 @@ def generate(models: Models, arm: str, prompt: torch.Tensor, sampling: SamplingC
     common = {"max_new_tokens": new_tokens, "sampling": sampling, "generator": torch.Generator().manual_seed(seed)}
     chain = shape == CHAIN
     # A head drafts from the target's features: a source over the target, hooked for this run.
-    verifier = target if kind == "draft" else FeatureSource(target) if chain else FeatureTreeForward(target)
+    verifier = (models.target if kind == "draft"
+                else FeatureSource(target) if chain else FeatureTreeForward(target))
     try:
         if kind == "draft":
             draft = models.draft
+        elif kind == "eagle-lean":
+            draft = EagleDrafter(models.lean_eagle, verifier, 4)
         elif kind == "eagle":
             draft = EagleDrafter(models.eagle, verifier, 4) if chain else EagleTreeSource(models.eagle, verifier)
         else:
@@ -107,18 +152,20 @@ def _spread(values: list[float]) -> dict[str, float]:
 
 
 def run(num_prompts: int = 8, new_tokens: int = 64, rounds: int = 3, arms: list[str] | None = None,
-        cost_repeats: int = 20) -> dict:
+        cost_repeats: int = 20, path: str = "as-loaded") -> dict:
     """Time every arm in both modes and return the report (the JSON written)."""
-    arms = list(arms or ARMS)
+    arms = list(arms or [a for a in ARMS if path == "fast" or a != "generate float32"])
     unknown = [a for a in arms if a not in ARMS]
     if unknown or not any(ARMS[a][0] == "generate" for a in arms):
         raise ValueError(f"arms must be names of ARMS ({list(ARMS)}) including a generate arm, got {arms}")
-    draft, target, tokenizer = load_pair("tiny", device="cpu")
-    models = Models(target, draft, EagleHead.load(TINY_DIR / "eagle-head", target),
-                    MedusaHeads.load(TINY_DIR / "medusa-heads", target))
+    if path == "as-loaded" and "generate float32" in arms:
+        raise ValueError("the arm 'generate float32' is the fast path's baseline: pass path='fast'")
+    models, tokenizer = load_models(path)
     prompts = held_out_prompts(tokenizer, num_prompts=num_prompts, prompt_tokens=32, seed=0)
     # The reference for greedy outputs; it doubles as generate's warm-up.
-    expected = [generate(models, "generate sdpa", p, MODES["greedy"], new_tokens, 0)[0] for p in prompts]
+    # (on the fast path the prepared target's own generate: its kernels define its greedy tokens)
+    reference = "generate eager" if path == "fast" else "generate sdpa"
+    expected = [generate(models, reference, p, MODES["greedy"], new_tokens, 0)[0] for p in prompts]
     for arm, sampling in ((a, s) for s in MODES.values() for a in arms):  # warm-up: every arm once
         generate(models, arm, prompts[0], sampling, new_tokens, 0)
     rates = {(arm, mode, clock): [] for arm in arms for mode in MODES for clock in ("wall", "cpu")}
@@ -142,7 +189,9 @@ def run(num_prompts: int = 8, new_tokens: int = 64, rounds: int = 3, arms: list[
                 rates[arm, mode, "cpu"].append(len(prompts) * new_tokens / cpu)
                 print(f"round {r} {mode} {arm}: {rates[arm, mode, 'wall'][-1]:.1f} tok/s", flush=True)
     costs = pass_costs(models, prompts[0], cost_repeats)
-    report = {"meta": meta(num_prompts, new_tokens, rounds), "pass_costs_cpu_ms": costs, "modes": {}}
+    report = {"meta": {**meta(num_prompts, new_tokens, rounds), "path": path,
+                       "dtype": str(models.target.dtype).removeprefix("torch.")},
+              "pass_costs_cpu_ms": costs, "modes": {}}
     for mode in MODES:
         # The fastest generate, per clock: the generate arm with the highest median tokens/s.
         base = {clock: max((a for a in arms if ARMS[a][0] == "generate"),
@@ -204,11 +253,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=None, help="a subset of the arms")
     parser.add_argument("--cost-repeats", type=int, default=20)
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--path", choices=("as-loaded", "fast"), default="as-loaded",
+                        help="float32 as loaded, or chapter 12's fast CPU path")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: data/head-speed-tiny-cpu.json (as-loaded) or head-speed-fast-tiny-cpu.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    report = run(args.prompts, args.max_new_tokens, args.rounds, args.arms, args.cost_repeats)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    report = run(args.prompts, args.max_new_tokens, args.rounds, args.arms, args.cost_repeats, args.path)
+    out = args.out or (OUT if args.path == "as-loaded" else OUT.with_name("head-speed-fast-tiny-cpu.json"))
+    out.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 

@@ -189,6 +189,31 @@ def _rms_norm(norm: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     return apply
 
 
+def llama_block(layer: torch.nn.Module, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int,
+                head_dim: int) -> Block:
+    """One Llama-style decoder layer as a function of (x, positions, attend): RMSNorm,
+    rotary q / k from the rows cos / sin (P, d, sin signed for `rotate`), attention by
+    `attend`, RMSNorm, gated MLP (also the EAGLE head's layer, `heads.lean_eagle`)."""
+    attention, mlp = layer.self_attn, layer.mlp
+    norm1, norm2 = _rms_norm(layer.input_layernorm), _rms_norm(layer.post_attention_layernorm)
+    # The linear layers' own `forward` methods, looked up once: a pass makes no module calls.
+    q_proj, k_proj, v_proj, o_proj = (attention.q_proj.forward, attention.k_proj.forward,
+                                      attention.v_proj.forward, attention.o_proj.forward)
+    gate, up, down, act = mlp.gate_proj.forward, mlp.up_proj.forward, mlp.down_proj.forward, mlp.act_fn.forward
+
+    def block(x: torch.Tensor, positions: torch.Tensor | slice, attend: Attend) -> torch.Tensor:
+        h = norm1(x)  # (m, D)
+        cos_rows, sin_rows = cos[positions], sin[positions]  # (m, d)
+        q = rotate(_split_heads(q_proj(h), heads, head_dim), cos_rows, sin_rows)
+        k = rotate(_split_heads(k_proj(h), kv_heads, head_dim), cos_rows, sin_rows)
+        v = _split_heads(v_proj(h), kv_heads, head_dim)
+        x = x + o_proj(attend(q, k, v))
+        h = norm2(x)
+        return x + down(act(gate(h)) * up(h))
+
+    return block
+
+
 def _llama_blocks(model: PreTrainedModel, num_positions: int) -> ModelBlocks:
     """Llama-style: x = embed[ids]; per block RMSNorm, rotary q/k, grouped-query attention, gated MLP."""
     config, body = model.config, model.model
@@ -196,32 +221,13 @@ def _llama_blocks(model: PreTrainedModel, num_positions: int) -> ModelBlocks:
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     cos, sin = rotary_rows(model, num_positions)  # (P, d) each, sin signed for `rotate`
-
-    # Weights and the linear layers' own `forward` methods, looked up once: a pass makes
-    # no module calls.
     table, norm, lm_head = body.embed_tokens.weight, _rms_norm(body.norm), model.get_output_embeddings().forward
 
     def embed(ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return table[ids]  # (m, D); positions enter through the rotary rows
 
     def block_of(layer: torch.nn.Module) -> Block:
-        attention, mlp = layer.self_attn, layer.mlp
-        norm1, norm2 = _rms_norm(layer.input_layernorm), _rms_norm(layer.post_attention_layernorm)
-        q_proj, k_proj, v_proj, o_proj = (attention.q_proj.forward, attention.k_proj.forward,
-                                          attention.v_proj.forward, attention.o_proj.forward)
-        gate, up, down, act = mlp.gate_proj.forward, mlp.up_proj.forward, mlp.down_proj.forward, mlp.act_fn.forward
-
-        def block(x: torch.Tensor, positions: torch.Tensor | slice, attend: Attend) -> torch.Tensor:
-            h = norm1(x)  # (m, D)
-            cos_rows, sin_rows = cos[positions], sin[positions]  # (m, d)
-            q = rotate(_split_heads(q_proj(h), heads, head_dim), cos_rows, sin_rows)
-            k = rotate(_split_heads(k_proj(h), kv_heads, head_dim), cos_rows, sin_rows)
-            v = _split_heads(v_proj(h), kv_heads, head_dim)
-            x = x + o_proj(attend(q, k, v))
-            h = norm2(x)
-            return x + down(act(gate(h)) * up(h))
-
-        return block
+        return llama_block(layer, cos, sin, heads, kv_heads, head_dim)
 
     def head(x: torch.Tensor) -> torch.Tensor:
         return lm_head(norm(x))  # (m, V)
