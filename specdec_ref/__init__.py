@@ -8,9 +8,10 @@ One module per chapter of the book:
 * `rejection` (chapter 4): accept / reject so the output is distributed as p
 * `kv_cache` (chapter 5): both models' caches, rolled back after rejections
 * `decoder`: the assembled loop, `speculative_generate`, and the baseline
-* `tree` (chapter 8): a tree of drafts verified in one pass, `tree_speculative_generate`
-* `vocab`, `cross_drafting` (chapter 9): a draft with a tokenizer of its own, through
-  text (`TextDrafter`) or the tokens both vocabularies share (`SharedVocabDrafter`)
+* `trees/` (chapter 8): a tree of drafts verified in one pass, `tree_speculative_generate`
+* `cross_vocab/` (chapter 9): a draft with a tokenizer of its own, through text
+  (`TextDrafter`) or the tokens both vocabularies share (`SharedVocabDrafter`)
+* `heads/` (chapter 10): draft heads on the target's own features (Medusa, EAGLE)
 * `models`: `load_pair("tiny" | "gpt2" | "qwen2.5" | "tiny-cross" | "pythia-gpt2")`, the
   embedded tiny pairs and real ones
 """

@@ -11,7 +11,7 @@ from conftest import torch_threads
 from specdec_ref.bench.run import main, parse_args
 from specdec_ref.bench.trees import DEFAULT_TREES, parse_trees, tree_label, tree_nodes
 from specdec_ref.fast.packed import packing_unsupported
-from specdec_ref.tree import ConfidentShape
+from specdec_ref.trees.tree import ConfidentShape
 
 PACKED = packing_unsupported(torch.nn.Linear(2, 2)) is None
 

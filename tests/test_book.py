@@ -29,8 +29,9 @@ CHAPTER_MODULES = {
     "12-measuring-speed-fairly": "specdec_ref.fast.packed specdec_ref.fast.batch_invariant specdec_ref.fast.lean "
                                        "specdec_ref.fast",
     "07-beyond-one-sequence": "specdec_ref.batched specdec_ref.lookup",
-    "08-trees-of-drafts": "specdec_ref.tree specdec_ref.tree_verify specdec_ref.tree_model",
-    "09-drafts-with-another-tokenizer": "specdec_ref.vocab specdec_ref.cross_drafting specdec_ref.vocab_law",
+    "08-trees-of-drafts": "specdec_ref.trees.tree specdec_ref.trees.verify specdec_ref.trees.model",
+    "09-drafts-with-another-tokenizer": "specdec_ref.cross_vocab.tokenizers specdec_ref.cross_vocab.drafting "
+                                        "specdec_ref.cross_vocab.law",
     "10-draft-heads": "specdec_ref.heads.eagle specdec_ref.heads.medusa specdec_ref.heads.drafters "
                       "specdec_ref.heads.trees specdec_ref.heads.typical",
     "11-auditing-a-sampler": "specdec_ref.audit specdec_ref.audit_tokens",

@@ -13,13 +13,13 @@ import torch
 from tokenizers import Tokenizer
 from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM, PreTrainedTokenizerFast
 
-from specdec_ref import vocab
-from specdec_ref.cross_drafting import SharedVocabDrafter, TextDrafter
+from specdec_ref.cross_vocab import tokenizers as vocab
+from specdec_ref.cross_vocab.drafting import SharedVocabDrafter, TextDrafter
+from specdec_ref.cross_vocab.tokenizers import TokenizerPair, shared_vocabulary, token_spellings
 from specdec_ref.decoder import autoregressive_generate, speculative_generate
 from specdec_ref.kv_cache import CachedForward, sliding_rollback_supported
 from specdec_ref.models import CrossPair, load_pair
 from specdec_ref.sampling import GREEDY, SamplingConfig
-from specdec_ref.vocab import TokenizerPair, shared_vocabulary, token_spellings
 
 SAMPLED = SamplingConfig(temperature=1.0)
 DRAFTERS = {"text": lambda m, t, d: TextDrafter(m, t, d),

@@ -15,7 +15,7 @@ from specdec_ref.heads.features import FeatureSource
 from specdec_ref.heads.medusa import MedusaHeads
 from specdec_ref.heads.trees import EagleTreeSource, FeatureTreeForward, MedusaTreeSource
 from specdec_ref.laws import target_law
-from specdec_ref.tree import tree_speculative_generate
+from specdec_ref.trees.tree import tree_speculative_generate
 
 GREEDY = SamplingConfig(temperature=0.0)
 

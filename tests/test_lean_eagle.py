@@ -1,4 +1,4 @@
-"""`heads.lean_eagle`: EAGLE's head run lean gives the same features, drafts and output."""
+"""`fast.lean_eagle`: EAGLE's head run lean gives the same features, drafts and output."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import torch
 from conftest import make_model
 
 from specdec_ref import SamplingConfig, speculative_generate
+from specdec_ref.fast.lean_eagle import LeanEagle
 from specdec_ref.heads.drafters import EagleDrafter
 from specdec_ref.heads.eagle import EagleHead
 from specdec_ref.heads.features import FeatureSource
-from specdec_ref.heads.lean_eagle import LeanEagle
 
 GREEDY = SamplingConfig(temperature=0.0)
 

@@ -9,7 +9,7 @@ from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, Mistral
 from specdec_ref import SamplingConfig
 from specdec_ref.audit_tokens import audit_every_token
 from specdec_ref.fast import LeanForward, StaticForward, prepare
-from specdec_ref.tree import ConfidentShape, tree_speculative_generate
+from specdec_ref.trees.tree import ConfidentShape, tree_speculative_generate
 
 LLAMA = make_model("llama", layers=1, seed=1)
 IDS = torch.tensor([[3, 4, 5, 6]])

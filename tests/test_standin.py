@@ -56,7 +56,7 @@ def test_cross_pair_loads_offline_from_the_standin_and_decodes_exactly(tmp_path,
     run through the text bridge equals the target's greedy output."""
     assert standin_hub.main([str(tmp_path)]) == 0
     probe = ("import json, torch; from specdec_ref.models import load_pair;"
-             "from specdec_ref.cross_drafting import TextDrafter;"
+             "from specdec_ref.cross_vocab.drafting import TextDrafter;"
              "from specdec_ref import speculative_generate, autoregressive_generate, SamplingConfig;"
              "d, t, tok, dtok = load_pair('pythia-gpt2', device='cpu'); g = SamplingConfig(temperature=0.0);"
              "ids = tok('The capital of France is', return_tensors='pt').input_ids;"

@@ -8,14 +8,14 @@ from conftest import chi_square_pvalue, exact_joint_law, generator_on, make_mode
 from scipy.stats import chisquare
 from transformers import DynamicCache
 
-import specdec_ref.tree as tree_module
+import specdec_ref.trees.tree as tree_module
 from specdec_ref import SamplingConfig, speculative_generate
 from specdec_ref.audit_tokens import audit_every_token
 from specdec_ref.kv_cache import forward_keywords
 from specdec_ref.laws import law_tv, small_random_pair, target_law
 from specdec_ref.rejection import residual_distribution
-from specdec_ref.tree import DraftTree, TreeForward, tree_speculative_generate, tree_speculative_step
-from specdec_ref.tree_verify import (
+from specdec_ref.trees.tree import DraftTree, TreeForward, tree_speculative_generate, tree_speculative_step
+from specdec_ref.trees.verify import (
     draw_children,
     one_hot_outcomes,
     one_hot_step,

@@ -7,8 +7,8 @@ from conftest import noisy_copy
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from specdec_ref import SamplingConfig
-from specdec_ref.tree import tree_speculative_generate
-from specdec_ref.tree_forward import TREE_MODEL_TYPES
+from specdec_ref.trees.forward import TREE_MODEL_TYPES
+from specdec_ref.trees.tree import tree_speculative_generate
 
 GREEDY = SamplingConfig(temperature=0.0)
 VOCAB = 48

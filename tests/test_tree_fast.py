@@ -7,7 +7,7 @@ import torch
 from conftest import chi_square_pvalue, exact_joint_law, make_model, needs_bf16_packing, noisy_copy, torch_threads
 from transformers import DynamicCache
 
-import specdec_ref.tree as tree_module
+import specdec_ref.trees.tree as tree_module
 from specdec_ref import SamplingConfig
 from specdec_ref.fast.batch_invariant import GROUPED, use_rowwise_attention
 from specdec_ref.fast.lean import LeanForward
@@ -16,8 +16,8 @@ from specdec_ref.fast.prepared import prepare
 from specdec_ref.fast.static import StaticForward
 from specdec_ref.kv_cache import forward_keywords
 from specdec_ref.laws import small_random_pair
-from specdec_ref.tree import ConfidentShape, DraftTree, confident_counts, tree_speculative_generate
-from specdec_ref.tree_forward import LeanTreeForward, TreeForward, tree_source
+from specdec_ref.trees.forward import LeanTreeForward, TreeForward, tree_source
+from specdec_ref.trees.tree import ConfidentShape, DraftTree, confident_counts, tree_speculative_generate
 
 GREEDY = SamplingConfig(temperature=0.0)
 WARM = SamplingConfig()

@@ -6,8 +6,7 @@ import torch
 from conftest import make_model, noisy_copy
 
 from specdec_ref.sampling import SamplingConfig
-from specdec_ref.tree import TreeRecord, tree_speculative_generate
-from specdec_ref.tree_model import (
+from specdec_ref.trees.model import (
     expected_accepted,
     expected_tokens,
     predicted_speedup,
@@ -16,6 +15,7 @@ from specdec_ref.tree_model import (
     shape_parents,
     sibling_ranks,
 )
+from specdec_ref.trees.tree import TreeRecord, tree_speculative_generate
 
 
 def test_shape_parents_numbers_the_tree_level_by_level():

@@ -6,12 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec_ref.cross_drafting import SharedVocabDrafter, TextDrafter
+from specdec_ref.cross_vocab.drafting import SharedVocabDrafter, TextDrafter
+from specdec_ref.cross_vocab.law import cross_vocab_law, law_distance, target_law, toy_model, toy_tokenizers
+from specdec_ref.cross_vocab.tokenizers import (
+    TokenizerPair,
+    check_tokenizer,
+    encode_text,
+    shared_vocabulary,
+    token_spellings,
+)
 from specdec_ref.decoder import autoregressive_generate, speculative_generate
 from specdec_ref.models import CrossPair, load_pair
 from specdec_ref.sampling import GREEDY, SamplingConfig
-from specdec_ref.vocab import TokenizerPair, check_tokenizer, encode_text, shared_vocabulary, token_spellings
-from specdec_ref.vocab_law import cross_vocab_law, law_distance, target_law, toy_model, toy_tokenizers
 
 
 @pytest.fixture(scope="module")

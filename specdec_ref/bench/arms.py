@@ -35,7 +35,7 @@ from ..fast.packed import set_packing
 from ..sampling import SamplingConfig
 from ..schedules import HeuristicDraftLength, ModelBasedDraftLength
 from ..timing import time_call
-from ..tree import tree_speculative_generate
+from ..trees.tree import tree_speculative_generate
 from ..validation import check_integer
 from .meter import ForwardMeter, MeteredSource
 from .pair import BenchPair, PassCosts

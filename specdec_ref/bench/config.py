@@ -132,7 +132,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path | None]
                         help="arms on the fast path (static cache, CUDA graphs; default: on a GPU)")
     parser.add_argument("--fast-k-values", type=_int_list, help="fixed K values of the fast arms (default: --k-values)")
     parser.add_argument("--trees", nargs="?", const="default", default=None,
-                        help="tree arms (`specdec_ref.tree`): shapes 'w1,w2,...' (children per node and level) or "
+                        help="tree arms (`specdec_ref.trees.tree`): shapes 'w1,w2,...' (children per node and "
+                             "level) or "
                              "'cn1,n2,.../top' (nodes per level by the draft's confidence), ';'-separated "
                              "(no value: " + "; ".join(tree_label(t) for t in DEFAULT_TREES) + ")")
     parser.add_argument("--random-shape", default="tiny", choices=sorted(RANDOM_SHAPES),

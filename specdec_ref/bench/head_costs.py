@@ -14,19 +14,16 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from ..heads.features import FeatureSource
 from ..kv_cache import CachedForward
 
-if TYPE_CHECKING:
-    from .head_speed import Models
-
 
 @torch.no_grad()
-def pass_costs(models: Models, prefix: torch.Tensor, repeats: int = 20) -> dict[str, float]:
+def pass_costs(models: Any, prefix: torch.Tensor, repeats: int = 20) -> dict[str, float]:
     """Median process CPU ms per pass after `prefix` (1, n), cache warm, the passes interleaved
     (3 untimed rounds first): the target over 1, 5, 15, 45 rows, the draft model and EAGLE's
     head over 1..16 rows, Medusa's heads (all of them) once."""

@@ -40,19 +40,19 @@ import torch
 import transformers
 
 from ..decoder import GenerationStats, speculative_generate
+from ..fast.lean_eagle import LeanEagle
 from ..fast.packed import pack_linear_layers
 from ..fast.prepared import cast, prepare
 from ..heads.drafters import EagleDrafter, MedusaDrafter
 from ..heads.eagle import EagleHead
 from ..heads.features import FeatureSource
-from ..heads.lean_eagle import LeanEagle
 from ..heads.medusa import MedusaHeads
 from ..heads.trees import EagleTreeSource, FeatureTreeForward, MedusaTreeSource
 from ..models import TINY_DIR, load_pair
 from ..sampling import SamplingConfig
 from ..timing import cpu_name
 from ..training.corpus import held_out_prompts
-from ..tree import tree_speculative_generate
+from ..trees.tree import tree_speculative_generate
 from .head_costs import pass_costs, predicted_speedup
 
 OUT = Path(__file__).resolve().parent.parent / "data" / "head-speed-tiny-cpu.json"
@@ -61,7 +61,8 @@ CHAIN = (1, 1, 1, 1)  # K = 4 drafts in a row
 # Arm id -> (drafter, widths; for `generate` the attention instead).
 ARMS = {"generate sdpa": ("generate", "sdpa"), "generate eager": ("generate", "eager"),
         "draft chain K=4": ("draft", CHAIN), "draft tree (2,2,1,1)": ("draft", (2, 2, 1, 1)),
-        "EAGLE chain K=4": ("eagle", CHAIN), "EAGLE lean chain K=4": ("eagle-lean", CHAIN), "EAGLE tree (2,2,1,1)": ("eagle", (2, 2, 1, 1)),
+        "EAGLE chain K=4": ("eagle", CHAIN), "EAGLE lean chain K=4": ("eagle-lean", CHAIN),
+        "EAGLE tree (2,2,1,1)": ("eagle", (2, 2, 1, 1)),
         "EAGLE tree (4,2,2,1)": ("eagle", (4, 2, 2, 1)),
         "Medusa chain K=4": ("medusa", CHAIN), "Medusa tree (2,2,1,1)": ("medusa", (2, 2, 1, 1)),
         "generate float32": ("generate", "sdpa")}  # the fast path's third baseline
@@ -76,7 +77,7 @@ class Models:
     draft: torch.nn.Module  # the separate draft model (or its lean source)
     eagle: EagleHead  # EAGLE's head (pairs/tiny/eagle-head)
     medusa: MedusaHeads  # Medusa's heads (pairs/tiny/medusa-heads)
-    lean_eagle: LeanEagle  # EAGLE's head run lean (`heads.lean_eagle`), chains only
+    lean_eagle: LeanEagle  # EAGLE's head run lean (`fast.lean_eagle`), chains only
     path: str = "as-loaded"  # or "fast": the target's attention is fixed, not switched
     baselines: dict | None = None  # fast path: generate arm -> the model it runs
 

@@ -30,9 +30,10 @@ from ..heads.medusa import MedusaHeads
 from ..heads.trees import EagleTreeSource, FeatureTreeForward, MedusaTreeSource
 from ..models import TINY_DIR, load_pair
 from ..sampling import SamplingConfig
-from ..training.corpus import held_out_prompts
-from ..tree import tree_speculative_generate
+from ..training.corpus import held_out_prompts, outside_prompts
+from ..trees.tree import tree_speculative_generate
 
+PROMPTS = {"held-out": held_out_prompts, "outside": outside_prompts}
 OUT = Path(__file__).resolve().parent.parent / "data" / "head-trees-tiny-cpu.json"
 SHAPES = {"chain K=4": (1, 1, 1, 1), "tree (2, 2, 1, 1)": (2, 2, 1, 1), "tree (4, 2, 2, 1)": (4, 2, 2, 1)}
 MODES = {"greedy": (SamplingConfig(temperature=0.0), "sampled"),
@@ -40,10 +41,13 @@ MODES = {"greedy": (SamplingConfig(temperature=0.0), "sampled"),
          "T=0.7, top-k children": (SamplingConfig(temperature=0.7), "top-k")}
 
 
-def run(num_prompts: int = 32, new_tokens: int = 64, seed: int = 0) -> dict:
-    """{draft: {shape: {mode: figures}}} over the held-out prompts."""
+def run(num_prompts: int = 32, new_tokens: int = 64, seed: int = 0, domain: str = "held-out") -> dict:
+    """{draft: {shape: {mode: figures}}} over held-out prompts, or prompts from outside the
+    training domain (`training.corpus.outside_prompts`: CPython's test suite)."""
+    if domain not in PROMPTS:
+        raise ValueError(f"domain must be one of {sorted(PROMPTS)}, got {domain!r}")
     draft_model, target, tokenizer = load_pair("tiny", device="cpu")
-    prompts = held_out_prompts(tokenizer, num_prompts=num_prompts, prompt_tokens=32, seed=seed)
+    prompts = PROMPTS[domain](tokenizer, num_prompts=num_prompts, prompt_tokens=32, seed=seed)
     source = FeatureTreeForward(target)
     drafts = {"separate draft": draft_model,
               "Medusa heads": MedusaTreeSource(MedusaHeads.load(TINY_DIR / "medusa-heads", target), source),
@@ -70,7 +74,8 @@ def run(num_prompts: int = 32, new_tokens: int = 64, seed: int = 0) -> dict:
                     row["matches_target_greedy"] = f"{matches}/{len(prompts)}"
                 report.setdefault(name, {}).setdefault(shape, {})[mode] = row
                 print(name, shape, mode, row, flush=True)
-    return {"meta": {"prompts": num_prompts, "prompt_tokens": 32, "new_tokens": new_tokens, "seed": seed,
+    return {"meta": {"domain": domain, "prompts": num_prompts,
+                     "prompt_tokens": 32, "new_tokens": new_tokens, "seed": seed,
                      "machine": platform.machine(), "torch": torch.__version__,
                      "note": "counts, not times: the same on any CPU"},
             "results": report}
@@ -79,11 +84,15 @@ def run(num_prompts: int = 32, new_tokens: int = 64, seed: int = 0) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--domain", choices=sorted(PROMPTS), default="held-out",
+                        help="held-out prompts, or prompts from outside the training domain")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: data/head-trees-tiny-cpu.json (held-out) or head-trees-outside-tiny-cpu.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    report = run(args.prompts)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    report = run(args.prompts, domain=args.domain)
+    out = args.out or (OUT if args.domain == "held-out" else OUT.with_name("head-trees-outside-tiny-cpu.json"))
+    out.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The benchmark's tree arms: trees of drafts (`specdec_ref.tree`) next to the chain.
+"""The benchmark's tree arms: trees of drafts (`specdec_ref.trees.tree`) next to the chain.
 
 A tree arm runs `tree.tree_speculative_generate` with one shape: fixed widths per
 level, or a `tree.ConfidentShape` (nodes per level placed by the draft's confidence,
@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 
 from ..fast.lean import LeanForward
-from ..tree import ConfidentShape
-from ..tree_model import expected_tokens, rank_counts, rates_from_counts, shape_parents
+from ..trees.model import expected_tokens, rank_counts, rates_from_counts, shape_parents
+from ..trees.tree import ConfidentShape
 from .meter import ForwardMeter
 
 # The tree arms of a run with --trees and no shapes given.

@@ -38,7 +38,7 @@ import transformers
 from transformers import PreTrainedModel
 
 from ..analysis import expected_tokens, verify_cost_from_latency
-from ..cross_drafting import SharedVocabDrafter, TextDrafter
+from ..cross_vocab.drafting import SharedVocabDrafter, TextDrafter
 from ..decoder import GenerationOutput, autoregressive_generate, speculative_generate
 from ..measure import measure_pass_latency
 from ..models import CrossPair, load_pair

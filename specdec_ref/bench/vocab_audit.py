@@ -37,7 +37,8 @@ import torch
 import transformers
 
 from ..audit_tokens import audit_every_token
-from ..cross_drafting import SharedVocabDrafter, TextDrafter
+from ..cross_vocab.drafting import SharedVocabDrafter, TextDrafter
+from ..cross_vocab.tokenizers import shared_vocabulary
 from ..decoder import speculative_generate
 from ..laws import GenerateFn, generate_reference
 from ..models import CrossPair, load_pair
@@ -46,7 +47,6 @@ from ..reports import REPORTS_DIR
 from ..sampling import SamplingConfig
 from ..timing import cpu_name
 from ..training.corpus import held_out_prompts
-from ..vocab import shared_vocabulary
 
 SAMPLED = SamplingConfig(temperature=1.0)  # top-k and top-p off
 GREEDY = SamplingConfig(temperature=0.0)

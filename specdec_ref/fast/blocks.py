@@ -193,7 +193,7 @@ def llama_block(layer: torch.nn.Module, cos: torch.Tensor, sin: torch.Tensor, he
                 head_dim: int) -> Block:
     """One Llama-style decoder layer as a function of (x, positions, attend): RMSNorm,
     rotary q / k from the rows cos / sin (P, d, sin signed for `rotate`), attention by
-    `attend`, RMSNorm, gated MLP (also the EAGLE head's layer, `heads.lean_eagle`)."""
+    `attend`, RMSNorm, gated MLP (also the EAGLE head's layer, `fast.lean_eagle`)."""
     attention, mlp = layer.self_attn, layer.mlp
     norm1, norm2 = _rms_norm(layer.input_layernorm), _rms_norm(layer.post_attention_layernorm)
     # The linear layers' own `forward` methods, looked up once: a pass makes no module calls.

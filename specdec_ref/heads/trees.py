@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..tree_forward import DraftTree, TreeForward, TreeSource
+from ..trees.forward import DraftTree, TreeForward, TreeSource
 from .eagle import EagleHead
 from .features import TargetParts
 from .medusa import MedusaHeads

@@ -181,19 +181,37 @@ def held_out_prompts(
     Returns:
         `num_prompts` tensors of token ids, each of shape (1, prompt_tokens).
     """
+    # Only the held-out documents are read in full; long enough ones can host a prompt.
+    texts = [document.text for document in iter_documents(config, side="held_out")]
+    return _cut_prompts(texts, tokenizer, num_prompts, prompt_tokens, seed, "held-out")
+
+
+def outside_prompts(tokenizer, *, num_prompts: int = 16, prompt_tokens: int = 32,
+                    seed: int = 0) -> list[torch.Tensor]:
+    """Prompts from outside the training domain: CPython's own test suite (`test/test_*.py`),
+    which the corpus leaves out (`EXCLUDED_PARTS`): code of another genre (assertions,
+    fixtures, unusual inputs) than the library and documentation the models learned.
+    Cut as `held_out_prompts` cuts them, so the same seed gives the same prompts."""
+    paths = sorted((stdlib_dir() / "test").glob("test_*.py"))
+    texts = [_read_source(path) for path in paths]
+    return _cut_prompts(texts, tokenizer, num_prompts, prompt_tokens, seed, "test-suite")
+
+
+def _cut_prompts(texts: list[str], tokenizer, num_prompts: int, prompt_tokens: int, seed: int,
+                 kind: str) -> list[torch.Tensor]:
+    """`num_prompts` runs of `prompt_tokens` tokens, each from a line start of a seeded document."""
     if num_prompts < 1:
         raise ValueError(f"num_prompts must be >= 1, got {num_prompts!r}")
     if prompt_tokens < 1:
         raise ValueError(f"prompt_tokens must be >= 1, got {prompt_tokens!r}")
-    # Only the held-out documents are read in full; long enough ones can host a prompt.
-    documents = list(iter_documents(config, side="held_out"))
+    documents = texts
     generator = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(documents), generator=generator).tolist()
     prompts: list[torch.Tensor] = []
     for index in order * ((num_prompts // max(len(order), 1)) + 1):
         if len(prompts) == num_prompts:
             break
-        text = documents[index].text
+        text = documents[index]
         # Start at a line boundary somewhere in the document.
         starts = [0] + [i + 1 for i, c in enumerate(text) if c == "\n" and i + 1 < len(text)]
         start = starts[int(torch.randint(len(starts), (1,), generator=generator))]
@@ -201,5 +219,5 @@ def held_out_prompts(
         if len(ids) >= prompt_tokens:
             prompts.append(torch.tensor([ids[:prompt_tokens]], dtype=torch.long))  # (1, prompt_tokens)
     if len(prompts) < num_prompts:
-        raise ValueError(f"only {len(prompts)} held-out prompts of {prompt_tokens} tokens found; ask for fewer")
+        raise ValueError(f"only {len(prompts)} {kind} prompts of {prompt_tokens} tokens found; ask for fewer")
     return prompts

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from ..vocab import PIECES
+from ..cross_vocab.tokenizers import PIECES
 from .config import DEFAULT_OUT, TrainConfig
 from .corpus import CorpusConfig, load_corpus
 from .train import build_model, encode, num_params, save_half, train_model

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from ..cross_drafting import SharedVocabDrafter, TextDrafter
+from ..cross_vocab.drafting import SharedVocabDrafter, TextDrafter
 from ..decoder import GenerationStats, autoregressive_generate, speculative_generate
 from ..models import TINY_DIR, load_pair
 from ..sampling import SamplingConfig
@@ -51,7 +51,7 @@ def load_seconds(folder: Path, repeats: int = 5) -> float:
 def measure(num_prompts: int = 32, new_tokens: int = 64, k: int = 4, seed: int = 0) -> dict:
     """Every figure of the card, on the pair as `load_pair("tiny-cross")` returns it."""
     draft, target, tokenizer, draft_tokenizer = load_pair("tiny-cross", device="cpu")
-    from ..vocab import shared_vocabulary
+    from ..cross_vocab.tokenizers import shared_vocabulary
 
     shared = shared_vocabulary(tokenizer, draft_tokenizer)
     prompts = held_out_prompts(tokenizer, num_prompts=num_prompts, prompt_tokens=32)

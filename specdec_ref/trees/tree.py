@@ -39,16 +39,16 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from .decoder import (
+from ..decoder import (
     GenerationOutput,
     GenerationStats,
     IterationRecord,
     close_block,
 )
-from .sampling import SamplingConfig, logits_to_probs
-from .tree_forward import DraftTree, TreeForward, TreeLogitsSource, TreeSource, tree_attention, tree_source
-from .tree_verify import draw_children, verify_tree
-from .validation import as_integer, check_capacity, check_generation_args, eos_set
+from ..sampling import SamplingConfig, logits_to_probs
+from ..validation import as_integer, check_capacity, check_generation_args, eos_set
+from .forward import DraftTree, TreeForward, TreeLogitsSource, TreeSource, tree_attention, tree_source
+from .verify import draw_children, verify_tree
 
 __all__ = ["ConfidentShape", "DraftTree", "TreeForward", "TreeRecord", "check_widths",
            "draft_tree", "tree_attention", "tree_speculative_generate",

@@ -33,11 +33,11 @@ import time
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .drafting import Draft
-from .kv_cache import CachedForward, make_logits_source
-from .sampling import SamplingConfig, logits_to_probs, sample
-from .validation import context_length, model_device, vocab_size
-from .vocab import TokenizerPair, id_count, shared_vocabulary
+from ..drafting import Draft
+from ..kv_cache import CachedForward, make_logits_source
+from ..sampling import SamplingConfig, logits_to_probs, sample
+from ..validation import context_length, model_device, vocab_size
+from .tokenizers import TokenizerPair, id_count, shared_vocabulary
 
 
 class DraftReader:

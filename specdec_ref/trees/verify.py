@@ -1,6 +1,6 @@
 """Verify a tree of drafts exactly: recursive rejection sampling over siblings.
 
-A draft tree (`specdec_ref.tree`) gives a node up to w children, drafted from
+A draft tree (`specdec_ref.trees.tree`) gives a node up to w children, drafted from
 the draft model's distribution q at that node; one target pass gives every node
 its own p. Verification walks down from the root. At a node, its children are
 tried in the order they were drawn; an accepted child becomes the next node.
@@ -52,9 +52,9 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from .laws import reference_probs
-from .rejection import residual_distribution
-from .sampling import SamplingConfig, draw_device, sample
+from ..laws import reference_probs
+from ..rejection import residual_distribution
+from ..sampling import SamplingConfig, draw_device, sample
 
 # The rule after a rejection: "exact" (q_i and p_{i+1} as above); "q" (q for
 # every q_i, on children drawn without replacement: biased); "article"

@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..fast.blocks import llama_block
-from .eagle import EagleHead
+from ..heads.eagle import EagleHead
+from .blocks import llama_block
 
 DEFAULT_MAX_LENGTH = 4096  # cache slots when the head's config allows more positions
 

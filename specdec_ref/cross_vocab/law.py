@@ -23,10 +23,10 @@ from collections.abc import Callable
 
 import torch
 
-from .cross_drafting import SharedProposal
-from .decoder import close_block
-from .rejection import residual_distribution
-from .vocab import PIECES, TokenizerPair
+from ..decoder import close_block
+from ..rejection import residual_distribution
+from .drafting import SharedProposal
+from .tokenizers import PIECES, TokenizerPair
 
 Law = dict[tuple[int, ...], float]
 

@@ -35,8 +35,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-from .kv_cache import forward_keywords, uses_sliding_window
-from .validation import model_device
+from ..kv_cache import forward_keywords, uses_sliding_window
+from ..validation import model_device
 
 # Model types whose tree decoding is verified token for token against `generate`
 # (greedy, float32, random-init models: tests/test_tree_families.py).
