@@ -96,6 +96,22 @@ def time_call(
     return Timing(tuple(samples))
 
 
+# The instruction sets that decide which CPU kernels run (bfloat16 and prepacking).
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx_ne_convert")
+
+
+def cpu_flags(cpuinfo: str | None = None) -> list[str]:
+    """The `ISA_FLAGS` this CPU has (Linux /proc/cpuinfo; empty where it cannot be read): for reports."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return []
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
+                  if line.startswith("flags")), [])
+    return [flag for flag in ISA_FLAGS if flag in flags]
+
+
 def cpu_name() -> str:
     """The processor's model name (Linux /proc/cpuinfo), else what `platform` knows: for reports."""
     try:

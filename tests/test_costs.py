@@ -9,17 +9,16 @@ import pytest
 from conftest import make_model
 
 from specdec_ref.bench.costs import (
-    ISA_FLAGS,
     REPORT,
     ReferenceCosts,
     costs_from_report,
     costs_report,
-    cpu_flags,
     measure_rounds,
     reference_costs,
 )
 from specdec_ref.bench.scale import SizePoint
 from specdec_ref.reports import read_report
+from specdec_ref.timing import ISA_FLAGS, cpu_flags
 
 META = {"pair": "random", "dtype": "float32", "threads": 1, "context": 64, "rounds": 2, "repeats": 1,
         "clock": "thread_time: test"}

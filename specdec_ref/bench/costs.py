@@ -32,12 +32,10 @@ from transformers import PreTrainedModel
 
 from ..analysis import expected_speedup, optimal_draft_length
 from ..reports import REPORTS_DIR, read_report
-from ..timing import cpu_name
+from ..timing import cpu_flags, cpu_name
 from .scale import SizePoint, measure_size
 
 REPORT = "costs-tiny-cpu.json"
-# The instruction sets that decide which CPU kernels run (bfloat16 and prepacking).
-ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx_ne_convert")
 CONTEXT, MAX_K = 64, 8  # the setting of chapters 2, 6 and 12
 
 
@@ -79,18 +77,6 @@ class ReferenceCosts:
         return [optimal_draft_length(alpha, c, max_k=max_k, verify_cost=v) for c, v in self.per_round]
 
 
-def cpu_flags(cpuinfo: str | None = None) -> list[str]:
-    """The `ISA_FLAGS` this CPU has (Linux /proc/cpuinfo; empty where it cannot be read)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return []
-    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
-                  if line.startswith("flags")), [])
-    return [flag for flag in ISA_FLAGS if flag in flags]
-
-
 def measure_rounds(draft_model: PreTrainedModel, target_model: PreTrainedModel, *, rounds: int = 7,
                    repeats: int = 20, name: str = "tiny", clock=time.perf_counter) -> list[SizePoint]:
     """`scale.measure_size` `rounds` times in a row: each round's tau_p, tau_q and v(K).
@@ -106,8 +92,10 @@ def measure_rounds(draft_model: PreTrainedModel, target_model: PreTrainedModel, 
                              repeats=repeats, clock=clock) for _ in range(rounds)]
 
 
-def _spread(values: Sequence[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+def spread(values: Sequence[float], digits: int | None = None) -> dict[str, float]:
+    """The median and the min-max range of `values` (rounded to `digits` when given)."""
+    summary = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    return summary if digits is None else {key: round(value, digits) for key, value in summary.items()}
 
 
 def costs_report(points: Sequence[SizePoint], meta: Mapping) -> dict:
@@ -115,8 +103,8 @@ def costs_report(points: Sequence[SizePoint], meta: Mapping) -> dict:
     rounds = [{"tau_p": p.target_step_s, "tau_q": p.draft_step_s, "c": p.cost_ratio,
                "verify_cost": {str(k): v for k, v in p.verify_cost.items()}} for p in points]
     # One median and its range per quantity, over the rounds.
-    summary = {key: _spread([r[key] for r in rounds]) for key in ("tau_p", "tau_q", "c")}
-    summary["verify_cost"] = {k: _spread([r["verify_cost"][k] for r in rounds]) for k in rounds[0]["verify_cost"]}
+    summary = {key: spread([r[key] for r in rounds]) for key in ("tau_p", "tau_q", "c")}
+    summary["verify_cost"] = {k: spread([r["verify_cost"][k] for r in rounds]) for k in rounds[0]["verify_cost"]}
     return {"meta": dict(meta), "rounds": rounds, "summary": summary}
 
 

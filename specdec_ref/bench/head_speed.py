@@ -50,9 +50,10 @@ from ..heads.medusa import MedusaHeads
 from ..heads.trees import EagleTreeSource, FeatureTreeForward, MedusaTreeSource
 from ..models import TINY_DIR, load_pair
 from ..sampling import SamplingConfig
-from ..timing import cpu_name
+from ..timing import cpu_flags, cpu_name
 from ..training.corpus import held_out_prompts
 from ..trees.tree import tree_speculative_generate
+from .costs import spread
 from .head_costs import pass_costs, predicted_speedup
 
 OUT = Path(__file__).resolve().parent.parent / "data" / "head-speed-tiny-cpu.json"
@@ -66,7 +67,6 @@ ARMS = {"generate sdpa": ("generate", "sdpa"), "generate eager": ("generate", "e
         "EAGLE tree (4,2,2,1)": ("eagle", (4, 2, 2, 1)),
         "Medusa chain K=4": ("medusa", CHAIN), "Medusa tree (2,2,1,1)": ("medusa", (2, 2, 1, 1)),
         "generate float32": ("generate", "sdpa")}  # the fast path's third baseline
-FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 
 @dataclass
@@ -148,10 +148,6 @@ def generate(models: Models, arm: str, prompt: torch.Tensor, sampling: SamplingC
     return out.sequences, out.stats
 
 
-def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
-
-
 def run(num_prompts: int = 8, new_tokens: int = 64, rounds: int = 3, arms: list[str] | None = None,
         cost_repeats: int = 20, path: str = "as-loaded") -> dict:
     """Time every arm in both modes and return the report (the JSON written)."""
@@ -190,8 +186,7 @@ def run(num_prompts: int = 8, new_tokens: int = 64, rounds: int = 3, arms: list[
                 rates[arm, mode, "cpu"].append(len(prompts) * new_tokens / cpu)
                 print(f"round {r} {mode} {arm}: {rates[arm, mode, 'wall'][-1]:.1f} tok/s", flush=True)
     costs = pass_costs(models, prompts[0], cost_repeats)
-    report = {"meta": {**meta(num_prompts, new_tokens, rounds), "path": path,
-                       "dtype": str(models.target.dtype).removeprefix("torch.")},
+    report = {"meta": meta(num_prompts, new_tokens, rounds, path, models.target.dtype),
               "pass_costs_cpu_ms": costs, "modes": {}}
     for mode in MODES:
         # The fastest generate, per clock: the generate arm with the highest median tokens/s.
@@ -203,9 +198,9 @@ def run(num_prompts: int = 8, new_tokens: int = 64, rounds: int = 3, arms: list[
             tokens = total.tokens_per_target_call if total.target_calls else 1.0
             row = {"drafter": ARMS[arm][0], "tokens_per_target_call": round(tokens, 3)}
             for clock in ("wall", "cpu"):
-                row[f"tokens_per_s_{clock}"] = _spread(rates[arm, mode, clock])
+                row[f"tokens_per_s_{clock}"] = spread(rates[arm, mode, clock], 3)
                 pairs = zip(rates[arm, mode, clock], rates[base[clock], mode, clock], strict=True)
-                row[f"speedup_{clock}"] = _spread([a / b for a, b in pairs])  # per round, that round's baseline
+                row[f"speedup_{clock}"] = spread([a / b for a, b in pairs], 3)  # per round, that round's baseline
             model = predicted_speedup(ARMS[arm], tokens, costs)
             row["predicted_speedup"], row["model_D_v"] = model["S"], [model["D"], model["v"]]
             if mode == "greedy":
@@ -218,18 +213,16 @@ def run(num_prompts: int = 8, new_tokens: int = 64, rounds: int = 3, arms: list[
     return report
 
 
-def meta(num_prompts: int, new_tokens: int, rounds: int) -> dict:
+def meta(num_prompts: int, new_tokens: int, rounds: int, path: str, dtype: torch.dtype) -> dict:
     """What the numbers were measured on."""
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
     return {"prompts": num_prompts, "prompt_tokens": 32, "new_tokens": new_tokens, "rounds": rounds,
-            "threads": torch.get_num_threads(), "dtype": "float32", "torch": torch.__version__,
+            "path": path, "threads": torch.get_num_threads(), "dtype": str(dtype).removeprefix("torch."),
+            "torch": torch.__version__,
             "transformers": transformers.__version__, "date": datetime.date.today().isoformat(),
-            "cpu_model": cpu_name(), "cpu_flags": [f for f in FLAGS if f in flags],
+            "cpu_model": cpu_name(), "cpu_flags": cpu_flags(),
             "clocks": "wall: time.perf_counter; cpu: time.process_time (all threads of the process)",
-            "note": "a shared machine (2 cores, other jobs running): wall figures carry their load, "
-                    "hence the spread over rounds; the order of arms moves every round"}
+            "note": "wall figures carry whatever else the machine ran, hence the spread over rounds; "
+                    "the order of arms moves every round"}
 
 
 def model_note(report: dict) -> str:

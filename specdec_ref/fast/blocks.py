@@ -167,8 +167,13 @@ def rotary_rows(model: PreTrainedModel, num_positions: int) -> tuple[torch.Tenso
     with torch.no_grad():
         ids = torch.arange(num_positions, device=weight.device)[None]  # (1, P)
         cos, sin = model.model.rotary_emb(weight[:1][None], ids)  # (1, P, d) each
+    return cos[0], signed_sin(sin[0])  # (P, d) each
+
+
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin rows (P, d) with their first half negated, as `rotate` takes them."""
     half = sin.size(-1) // 2
-    return cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)  # (P, d)
+    return torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..heads.eagle import EagleHead
-from .blocks import llama_block
+from .blocks import llama_block, signed_sin
 
 DEFAULT_MAX_LENGTH = 4096  # cache slots when the head's config allows more positions
 
@@ -66,9 +66,8 @@ class LeanEagle:
         with torch.no_grad():  # the rotary rows of every position, once
             ids = torch.arange(self.max_length, device=weight.device)[None]  # (1, P)
             cos, sin = head.rotary(weight[:1][None], ids)  # (1, P, d) each
-        half = sin.size(-1) // 2
-        signed = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)  # (P, d), for `rotate`
-        self.block = llama_block(head.layer, cos[0], signed, self.heads, self.kv_heads, self.head_dim)
+        self.block = llama_block(head.layer, cos[0], signed_sin(sin[0]), self.heads, self.kv_heads,
+                                 self.head_dim)
         self.scale = getattr(head.layer.self_attn, "scaling", self.head_dim ** -0.5)
 
     def new_cache(self) -> LeanCache:
