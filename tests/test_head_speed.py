@@ -88,8 +88,11 @@ def test_fast_path_heads_read_the_prepared_target_and_stay_exact(tmp_path):
 
 
 def test_float32_baseline_belongs_to_the_fast_path():
-    """The as-loaded path has no third baseline, and refuses it by name; an unknown path too."""
+    """The as-loaded path has no third baseline, and refuses it by name; an unknown path or
+    domain too."""
     with pytest.raises(ValueError, match="generate float32"):
         run(1, 4, 1, ["generate sdpa", "generate float32"])
     with pytest.raises(ValueError, match="path must be"):
         run(1, 4, 1, ["generate sdpa"], path="gpu")
+    with pytest.raises(ValueError, match="domain must be"):
+        run(1, 4, 1, ["generate sdpa"], domain="web")

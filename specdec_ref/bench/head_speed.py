@@ -51,10 +51,10 @@ from ..heads.trees import EagleTreeSource, FeatureTreeForward, MedusaTreeSource
 from ..models import TINY_DIR, load_pair
 from ..sampling import SamplingConfig
 from ..timing import cpu_flags, cpu_name
-from ..training.corpus import held_out_prompts
 from ..trees.tree import tree_speculative_generate
 from .costs import spread
 from .head_costs import pass_costs, predicted_speedup
+from .head_trees import PROMPTS
 
 OUT = Path(__file__).resolve().parent.parent / "data" / "head-speed-tiny-cpu.json"
 MODES = {"greedy": SamplingConfig(temperature=0.0), "T=0.7": SamplingConfig(temperature=0.7)}
@@ -149,16 +149,18 @@ def generate(models: Models, arm: str, prompt: torch.Tensor, sampling: SamplingC
 
 
 def run(num_prompts: int = 8, new_tokens: int = 64, rounds: int = 3, arms: list[str] | None = None,
-        cost_repeats: int = 20, path: str = "as-loaded") -> dict:
+        cost_repeats: int = 20, path: str = "as-loaded", domain: str = "held-out") -> dict:
     """Time every arm in both modes and return the report (the JSON written)."""
     arms = list(arms or [a for a in ARMS if path == "fast" or a != "generate float32"])
+    if domain not in PROMPTS:
+        raise ValueError(f"domain must be one of {sorted(PROMPTS)}, got {domain!r}")
     unknown = [a for a in arms if a not in ARMS]
     if unknown or not any(ARMS[a][0] == "generate" for a in arms):
         raise ValueError(f"arms must be names of ARMS ({list(ARMS)}) including a generate arm, got {arms}")
     if path == "as-loaded" and "generate float32" in arms:
         raise ValueError("the arm 'generate float32' is the fast path's baseline: pass path='fast'")
     models, tokenizer = load_models(path)
-    prompts = held_out_prompts(tokenizer, num_prompts=num_prompts, prompt_tokens=32, seed=0)
+    prompts = PROMPTS[domain](tokenizer, num_prompts=num_prompts, prompt_tokens=32, seed=0)
     # The reference for greedy outputs; it doubles as generate's warm-up.
     # (on the fast path the prepared target's own generate: its kernels define its greedy tokens)
     reference = "generate eager" if path == "fast" else "generate sdpa"
@@ -186,7 +188,7 @@ def run(num_prompts: int = 8, new_tokens: int = 64, rounds: int = 3, arms: list[
                 rates[arm, mode, "cpu"].append(len(prompts) * new_tokens / cpu)
                 print(f"round {r} {mode} {arm}: {rates[arm, mode, 'wall'][-1]:.1f} tok/s", flush=True)
     costs = pass_costs(models, prompts[0], cost_repeats)
-    report = {"meta": meta(num_prompts, new_tokens, rounds, path, models.target.dtype),
+    report = {"meta": {**meta(num_prompts, new_tokens, rounds, path, models.target.dtype), "domain": domain},
               "pass_costs_cpu_ms": costs, "modes": {}}
     for mode in MODES:
         # The fastest generate, per clock: the generate arm with the highest median tokens/s.
@@ -247,14 +249,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=None, help="a subset of the arms")
     parser.add_argument("--cost-repeats", type=int, default=20)
+    parser.add_argument("--domain", choices=sorted(PROMPTS), default="held-out",
+                        help="held-out prompts, or prompts from outside the training domain")
     parser.add_argument("--path", choices=("as-loaded", "fast"), default="as-loaded",
                         help="float32 as loaded, or chapter 12's fast CPU path")
     parser.add_argument("--out", type=Path, default=None,
-                        help="default: data/head-speed-tiny-cpu.json (as-loaded) or head-speed-fast-tiny-cpu.json")
+                        help="default: data/head-speed[-fast][-outside]-tiny-cpu.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    report = run(args.prompts, args.max_new_tokens, args.rounds, args.arms, args.cost_repeats, args.path)
-    out = args.out or (OUT if args.path == "as-loaded" else OUT.with_name("head-speed-fast-tiny-cpu.json"))
+    report = run(args.prompts, args.max_new_tokens, args.rounds, args.arms, args.cost_repeats, args.path,
+                 args.domain)
+    # head-speed[-fast][-outside]-tiny-cpu.json
+    name = "head-speed" + ("-fast" if args.path == "fast" else "") + ("-outside" if args.domain == "outside" else "")
+    out = args.out or OUT.with_name(f"{name}-tiny-cpu.json")
     out.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
